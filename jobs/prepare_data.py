@@ -1,0 +1,11 @@
+"""Job entrypoint: `ray job submit --working-dir . -- python jobs/prepare_data.py --recipe debug_cpu [key=value ...]`."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the uploaded working dir holds the package
+
+from raypipe.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(["prepare", *sys.argv[1:]]))

@@ -1,0 +1,66 @@
+"""`raypipe` command line: one subcommand per stage, each parse -> build -> run -> report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+OVERRIDES_HELP = "key=value overrides of the recipe, e.g. data.output=/tmp/out data.max_length=4096"
+
+
+def _connect_ray() -> None:
+    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(logging_level="WARNING")
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from raypipe.config import load_config
+    from raypipe.data.pipeline import run_prepare
+
+    cfg = load_config(args.recipe, args.overrides)
+    _connect_ray()
+    manifest = run_prepare(cfg.data)
+    print(json.dumps({"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]}, indent=1))
+    return 0
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    from raypipe.data.corpus import CorpusSpec, write_corpus
+
+    counts = write_corpus(args.output, CorpusSpec(num_samples=args.samples, seed=args.seed))
+    print(json.dumps(counts, indent=1))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="raypipe", description="Train DFlash drafters for chat models on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    prepare = sub.add_parser("prepare", help="Prepare datasets into token rows with assistant masks (Ray Data).")
+    prepare.add_argument("--recipe", required=True, help="Recipe name (debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
+    prepare.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    prepare.set_defaults(func=cmd_prepare)
+
+    corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
+    corpus.add_argument("--output", required=True, help="Output directory.")
+    corpus.add_argument("--samples", type=int, default=913_786, help="Number of samples; categories scale proportionally.")
+    corpus.add_argument("--seed", type=int, default=0)
+    corpus.set_defaults(func=cmd_corpus)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as err:
+        print(f"raypipe {args.command}: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The one typed config of a raypipe run: a root model made of stage sub-configs.
+
+A run is described by a YAML recipe (a file, or the name of one shipped in
+`raypipe/recipes/`) plus `key=value` overrides. Everything is validated before
+any work starts, and errors name the field and what it accepts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+RECIPES_DIR = Path(__file__).parent / "recipes"
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class SourceConfig(_Strict):
+    """One input dataset: a path or glob on any fsspec filesystem."""
+
+    path: str = Field(description="Local path, glob or URL (s3://, gs://) of JSONL, JSONL.gz or Parquet files.")
+    name: str | None = Field(default=None, description="Dataset name written to the `source` column; default: the file stem of the glob.")
+    format: Literal["auto", "openai", "sharegpt", "alpaca"] = Field(
+        default="auto", description="Input format; `auto` detects it per row from its keys."
+    )
+
+    @property
+    def source_name(self) -> str:
+        """The name, else the last path component that is not a glob, without suffixes."""
+        if self.name:
+            return self.name
+        parts = [p for p in self.path.split("://")[-1].rstrip("/").split("/") if p and not any(c in p for c in "*?[")]
+        return parts[-1].split(".")[0] if parts else "data"
+
+
+class DataConfig(_Strict):
+    """Stage 1: raw conversations to token rows with assistant masks."""
+
+    sources: list[SourceConfig] = Field(min_length=1, description="Input datasets.")
+    output: str = Field(description="Output directory (local or URL) for shards, manifest.json and rejects/.")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3."
+    )
+    tokenizer: str = Field(description="`builtin:qwen` (Qwen vocabulary built locally) or a path / Hugging Face id.")
+    chat_template: str | None = Field(
+        default=None,
+        description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the tokenizer's own.",
+    )
+    enable_thinking: bool = Field(default=False, description="Passed to the template; with false the generation prompt ends in an empty think block.")
+    placeholder_reply: str = Field(default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on.")
+    max_length: int = Field(default=3072, gt=0, description="Maximum tokens per row.")
+    overlength: Literal["truncate", "reject"] = Field(
+        default="truncate", description="Rows over max_length: keep the first max_length tokens, or reject the row."
+    )
+    max_row_bytes: int = Field(default=8 << 20, gt=0, description="Raw input rows larger than this are rejected unparsed.")
+    chunk_bytes: int = Field(default=16 << 20, gt=0, description="Input bytes per output shard (JSONL; gzip files and Parquet row groups are one shard each).")
+    batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
+    num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
+    cpus_per_actor: float = Field(default=1.0, gt=0, description="Logical CPUs reserved per actor.")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_exists(cls, value: str | None) -> str | None:
+        from raypipe.assets.templates import TEMPLATE_NAMES
+
+        if value is None or value in TEMPLATE_NAMES or Path(value).is_file():
+            return value
+        raise ValueError(f"must be one of {', '.join(TEMPLATE_NAMES)} or an existing .jinja file, got {value!r}")
+
+    def output_hash(self) -> str:
+        """Hash of every field that changes the prepared rows (not parallelism)."""
+        fields = self.model_dump(exclude={"output", "storage_options", "batch_rows", "num_actors", "cpus_per_actor"})
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RaypipeConfig(_Strict):
+    """Root config of one run."""
+
+    name: str = Field(description="Run name, used in logs and metrics.")
+    data: DataConfig
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.0.c` in nested dicts/lists, creating dicts where a key is missing."""
+    keys = dotted.split(".")
+    node: Any = tree
+    for i, key in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            if not key.isdigit() or int(key) >= len(node):
+                raise ValueError(f"override {dotted!r}: {'.'.join(keys[:i]) or 'root'} is a list of {len(node)}, {key!r} is not an index in it")
+            key = int(key)
+        elif not isinstance(node, dict):
+            raise ValueError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")
+        if last:
+            node[key] = value
+        else:
+            if isinstance(node, dict) and key not in node:
+                node[key] = {}
+            node = node[key]
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`key=value` pairs; values are YAML so `data.max_length=4096` is an int."""
+    pairs = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r} must look like key=value, e.g. data.max_length=4096")
+        pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+    return pairs
+
+
+def recipe_path(recipe: str) -> Path:
+    """A recipe is a YAML file path or the name of a shipped recipe."""
+    path = Path(recipe)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    shipped = RECIPES_DIR / f"{recipe}.yaml"
+    if shipped.is_file():
+        return shipped
+    names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+    raise ValueError(f"unknown recipe {recipe!r}: give a .yaml file or one of {', '.join(names)}")
+
+
+def load_config(recipe: str, overrides: list[str] = ()) -> RaypipeConfig:
+    """Recipe + overrides -> validated config; a ValueError names every bad field."""
+    path = recipe_path(recipe)
+    tree = yaml.safe_load(path.read_text()) or {}
+    for key, value in parse_overrides(list(overrides)):
+        _set_path(tree, key, value)
+    try:
+        return RaypipeConfig.model_validate(tree)
+    except ValidationError as err:
+        lines = []
+        for e in err.errors():
+            field = ".".join(str(p) for p in e["loc"]) or "root"
+            got = f" (got {e['input']!r})" if e["type"] != "missing" else ""
+            lines.append(f"  {field}: {e['msg']}{got}")
+        raise ValueError(f"invalid config from {path.name}:\n" + "\n".join(lines)) from None

@@ -1,0 +1,1 @@
+"""Stage 1: raw conversations to token rows with assistant masks (Ray Data, CPU)."""

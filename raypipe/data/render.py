@@ -1,0 +1,159 @@
+"""Chat template -> text cut at every supervised boundary.
+
+The assistant mask is defined by what the serving engine sees: the prompt is
+rendered with the generation prompt, then the model emits its reply through
+the end-of-turn token on its own. So for each assistant turn we render its
+own prefix (`add_generation_prompt=True`) and the conversation through that
+turn, and supervise exactly the text between the two, up to and including
+the end-of-turn token. Templates with `{% generation %}` markers are used as
+written (the result equals transformers' `return_assistant_tokens_mask`).
+
+When the full render does not extend every turn's own render (a template
+that rewrites history, e.g. Qwen3 dropping earlier reasoning), "render once"
+would train on text the engine never sees; such samples fall back to one row
+per assistant turn.
+
+The output is a list of pieces (text, supervised) per row: tokenizing each
+piece separately keeps BPE from merging a token across a mask boundary.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from jinja2 import TemplateError
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from raypipe.data.formats import Conversation, Reject
+
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+@dataclass
+class Segmented:
+    """One output row before tokenization."""
+
+    pieces: list[tuple[str, bool]]  # (text, supervised), concatenating to the rendered row
+    prompt_pieces: int  # leading pieces up to the end of the last generation prompt
+    needs_response: bool  # ends in the placeholder reply, to be regenerated
+    turn: int | None  # message index of a per-turn row's assistant turn, None for a render-once row
+
+
+@dataclass
+class _Turn:
+    index: int  # message index
+    start: int  # char offset where the generation prompt ends
+    end: int  # char offset just after the end-of-turn token
+    text: str  # render of the conversation through this turn
+    supervised: bool
+
+
+class ChatRenderer:
+    """Renders conversations with one template; pure, no tokenizer calls."""
+
+    def __init__(
+        self,
+        chat_template: str,
+        template_kwargs: dict[str, Any],
+        end_of_turn: str,
+        placeholder: str,
+        reserved: list[str],
+    ) -> None:
+        self.template = chat_template
+        self.kwargs = template_kwargs
+        self.eot = end_of_turn
+        self.placeholder = placeholder
+        # special tokens that no content may spell out: they would tokenize as control tokens
+        self.reserved = re.compile("|".join(map(re.escape, sorted(reserved, key=len, reverse=True))) or "(?!)")
+        self.has_markers = bool(_GENERATION_TAG.search(chat_template))
+
+    def _render(self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool, markers: bool = False) -> tuple[str, list]:
+        try:
+            texts, indices = render_jinja_template(
+                [messages],
+                tools=tools,
+                chat_template=self.template,
+                add_generation_prompt=gen_prompt,
+                return_assistant_tokens_mask=markers,
+                **self.kwargs,
+            )
+        except TemplateError as err:
+            raise Reject("render", "template_error", f"template refused the conversation: {err}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as err:
+            raise Reject("render", "template_error", f"template failed: {type(err).__name__}: {err}") from None
+        return texts[0], indices[0] if markers else []
+
+    def _check_reserved(self, messages: list[dict[str, Any]]) -> None:
+        for i, msg in enumerate(messages):
+            for key in ("content", "reasoning_content"):
+                found = self.reserved.search(msg.get(key) or "")
+                if found:
+                    raise Reject("normalize", "special_token_in_content", f"messages[{i}].{key} contains the special token {found.group()}")
+
+    def segment(self, conv: Conversation) -> list[Segmented]:
+        """Conversation -> rows of pieces; raises Reject with the reason."""
+        messages = list(conv.messages)
+        self._check_reserved(messages)
+        needs_response = messages[-1]["role"] != "assistant"
+        if needs_response:
+            messages.append({"role": "assistant", "content": self.placeholder})
+        if self.has_markers:
+            return [self._segment_markers(messages, conv.tools, needs_response)]
+        full, _ = self._render(messages, conv.tools, False)
+        turns = self._turns(messages, conv.tools, full, needs_response)
+        if all(full.startswith(t.text[: t.end]) for t in turns):
+            return [_cut(full, turns, needs_response, None)]
+        return [_cut(t.text, [t], not t.supervised, t.index) for t in turns]
+
+    def _turns(self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool) -> list[_Turn]:
+        """Each assistant turn whose prompt the template can render; leading ones it cannot are context."""
+        last = len(messages) - 1
+        turns = []
+        for k, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            try:
+                prefix, _ = self._render(messages[:k], tools, True)
+            except Reject:
+                if k == last:
+                    raise Reject("render", "no_generation_prompt", "template cannot render a generation prompt for the final turn") from None
+                continue  # e.g. an assistant turn before any user query: kept as context only
+            through = full if k == last else self._render(messages[: k + 1], tools, False)[0]
+            if not through.startswith(prefix):
+                raise Reject(
+                    "render",
+                    "turn_does_not_extend_prompt",
+                    f"messages[{k}] does not render as a continuation of its generation prompt "
+                    "(reasoning on a turn while enable_thinking is false?)",
+                )
+            end = through.find(self.eot, len(prefix))
+            if end < 0:
+                raise Reject("render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {self.eot}")
+            turns.append(_Turn(k, len(prefix), end + len(self.eot), through, not (needs_response and k == last)))
+        if not any(t.supervised for t in turns) and not needs_response:
+            raise Reject("render", "no_supervised_turn", "no assistant turn has a prompt the template can render")
+        return turns
+
+    def _segment_markers(self, messages: list[dict[str, Any]], tools: Any, needs_response: bool) -> Segmented:
+        full, blocks = self._render(messages, tools, False, markers=True)
+        n_assistant = sum(m["role"] == "assistant" for m in messages)
+        if len(blocks) != n_assistant:
+            raise Reject("render", "generation_blocks", f"template marked {len(blocks)} generation blocks for {n_assistant} assistant turns")
+        turns = [_Turn(-1, s, e, full, True) for s, e in blocks]
+        turns[-1].supervised = not needs_response
+        return _cut(full, turns, needs_response, None)
+
+
+def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None) -> Segmented:
+    """Split `text` at every turn boundary; the last turn's start ends the prompt."""
+    bounds = sorted({0, len(text), *(t.start for t in turns), *(t.end for t in turns if t.supervised)})
+    supervised = [(t.start, t.end) for t in turns if t.supervised]
+    pieces = []
+    for a, b in zip(bounds, bounds[1:]):
+        if a < b:
+            pieces.append((text[a:b], any(s <= a and b <= e for s, e in supervised)))
+    prompt_end = turns[-1].start
+    prompt_pieces = sum(1 for a, b in zip(bounds, bounds[1:]) if a < b and b <= prompt_end)
+    return Segmented(pieces, prompt_pieces, needs_response, turn)
