@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from tokenizers import AddedToken, normalizers
+from tokenizers import AddedToken, decoders, normalizers, processors
 from transformers import PreTrainedTokenizerFast
 from transformers.convert_slow_tokenizer import TikTokenConverter
 
@@ -60,6 +60,17 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<think>", False),
     ("</think>", False),
 )
+
+
+# Qwen3's tokenizer settings, shared by the builder and the loader.
+_TOKENIZER_KWARGS = {
+    "eos_token": "<|im_end|>",
+    "pad_token": "<|endoftext|>",
+    "bos_token": None,
+    "unk_token": None,
+    "model_max_length": 131_072,
+    "clean_up_tokenization_spaces": False,
+}
 
 
 def cache_root() -> Path:
@@ -112,8 +123,18 @@ def qwen_tokenizer_dir() -> Path:
 
 
 def build_qwen_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen3's tokenizer with the strict Qwen chat template, loaded from the cache (a fresh object per call)."""
-    return PreTrainedTokenizerFast.from_pretrained(qwen_tokenizer_dir())
+    """Qwen3's tokenizer with the strict Qwen chat template, loaded from the cache (a fresh object per call).
+
+    Loads `tokenizer.json` directly: `from_pretrained` parses it twice and deep-copies
+    the result, which triples the load time of this 151K-token vocabulary.
+    """
+    directory = qwen_tokenizer_dir()
+    return PreTrainedTokenizerFast(
+        tokenizer_file=str(directory / "tokenizer.json"),
+        name_or_path=str(directory),
+        chat_template=load_template("qwen_strict"),
+        **_TOKENIZER_KWARGS,
+    )
 
 
 class _QwenTikTokenConverter(TikTokenConverter):
@@ -134,21 +155,14 @@ class _QwenTikTokenConverter(TikTokenConverter):
 def _build(vocab: Path, chat_template: str) -> PreTrainedTokenizerFast:
     """Convert the ranks into Qwen2's fast-tokenizer pipeline (NFC, Qwen regex, byte-level BPE)."""
     backend = _QwenTikTokenConverter(str(vocab), pattern=QWEN_PRETOKENIZE_REGEX).converted()
+    # The rest of the pipeline as in Qwen's own tokenizer.json.
     backend.normalizer = normalizers.NFC()
-    backend.model.ignore_merges = False  # as in Qwen's tokenizer.json
+    backend.model.ignore_merges = False
+    backend.post_processor = processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
     for content, special in QWEN3_ADDED_TOKENS:
         token = AddedToken(content, special=special, normalized=False)
         (backend.add_special_tokens if special else backend.add_tokens)([token])
     for offset, (content, _) in enumerate(QWEN3_ADDED_TOKENS):
         assert backend.token_to_id(content) == NUM_BPE_RANKS + offset, content
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token=None,
-        unk_token=None,
-        model_max_length=131_072,
-        clean_up_tokenization_spaces=False,
-    )
-    tokenizer.chat_template = chat_template
-    return tokenizer
+    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=chat_template, **_TOKENIZER_KWARGS)

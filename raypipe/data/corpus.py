@@ -11,6 +11,7 @@ precomputed banks of English-like sentences, code and logs, so generation is fas
 from __future__ import annotations
 
 import json
+import keyword
 import math
 import os
 import random
@@ -151,6 +152,11 @@ _ADJECTIVES = (
     "active empty"
 ).split()
 _WORDS = _FUNCTION_WORDS + _NOUNS + _VERBS + _ADJECTIVES
+# Identifiers in generated code must not be Python keywords or JavaScript reserved words.
+_RESERVED = set(keyword.kwlist) | {"class", "delete", "new", "default", "function", "public", "private", "static", "this", "try", "catch", "return", "switch"}
+_CODE_NOUNS = [w for w in _NOUNS if w not in _RESERVED]
+_CODE_VERBS = [w for w in _VERBS if w not in _RESERVED]
+_CODE_ADJECTIVES = [w for w in _ADJECTIVES if w not in _RESERVED]
 _CITIES = (
     "Paris Tokyo Berlin Lisbon Toronto Sydney Chicago Madrid Oslo Cairo Denver Boston Seattle Dublin "
     "Vienna Prague Nairobi Lima Austin Portland Helsinki Warsaw Athens Mumbai Seoul Manila Lagos Zurich"
@@ -187,8 +193,8 @@ class _Banks:
         self.sentences = [self._sentence(rng) for _ in range(40_000)]
         self.short_sentences = [s for s in self.sentences if len(s) < 60]
         self.avg_sentence = sum(map(len, self.sentences)) / len(self.sentences) + 1
-        self.snake = sorted({f"{v}_{n}" for v in _VERBS for n in _NOUNS})
-        self.vars = _NOUNS + [f"{a}_{n}" for a in _ADJECTIVES[:40] for n in _NOUNS[:60]]
+        self.snake = sorted({f"{v}_{n}" for v in _CODE_VERBS for n in _CODE_NOUNS})
+        self.vars = _CODE_NOUNS + [f"{a}_{n}" for a in _CODE_ADJECTIVES[:40] for n in _CODE_NOUNS[:60]]
         self.code = {
             "python": [self._py_function(rng) for _ in range(3_000)] + [self._py_class(rng) for _ in range(600)],
             "javascript": [self._js_function(rng) for _ in range(2_000)],
@@ -234,7 +240,7 @@ class _Banks:
 
     def _system(self, rng: random.Random) -> str:
         head = self._fill(rng, rng.choice(_SYSTEMS))
-        extra = rng.choices(self.sentences, k=rng.choice((0, 0, 0, 1, 1, 2, 3, 6, 12)))
+        extra = rng.choices(self.sentences, k=rng.choice((0, 0, 0, 1, 1, 2, 3, 6)))
         return " ".join([head, *extra])
 
     def _header(self, rng: random.Random, imports: tuple[str, ...], tail: str) -> str:
@@ -247,8 +253,9 @@ class _Banks:
         pad = "    " * (depth + 1)
         for _ in range(n):
             a, b = rng.choice(names), rng.choice(names)
-            kind = rng.random()
-            if kind < 0.25 and depth < 2:
+            if rng.random() < 0.1:
+                lines.append(f"{pad}# {self._short(rng)}")
+            if rng.random() < 0.25 and depth < 2:
                 header = rng.choice((
                     f"if {a} is None:", f"if {a} > {rng.randint(1, 100)}:", f"if not {a}:",
                     f"for item in {a}:", f"while {a} < {rng.randint(2, 64)}:", f"with open({a}) as handle:",
@@ -258,14 +265,13 @@ class _Banks:
                 continue
             new = rng.choice(self.vars)
             lines.append(pad + rng.choice((
-                f"{new} = {a}.{rng.choice(_VERBS)}({b})",
-                f"{new} = [item.{rng.choice(_NOUNS)} for item in {a} if item.{rng.choice(_ADJECTIVES)}]",
-                f'{new} = {{"{rng.choice(_NOUNS)}": {a}, "{rng.choice(_NOUNS)}": {rng.randint(0, 999)}}}',
-                f"{a}.{rng.choice(self.snake)}({b}, {rng.choice(_NOUNS)}={rng.randint(0, 64)})",
+                f"{new} = {a}.{rng.choice(_CODE_VERBS)}({b})",
+                f"{new} = [item.{rng.choice(_CODE_NOUNS)} for item in {a} if item.{rng.choice(_CODE_ADJECTIVES)}]",
+                f'{new} = {{"{rng.choice(_CODE_NOUNS)}": {a}, "{rng.choice(_CODE_NOUNS)}": {rng.randint(0, 999)}}}',
+                f"{a}.{rng.choice(self.snake)}({b}, {rng.choice(_CODE_NOUNS)}={rng.randint(0, 64)})",
                 f'logger.{rng.choice(("info", "debug", "warning"))}("{self._short(rng)[:-1]} %s", {a})',
-                f"# {self._short(rng)}",
                 f"{new} = {a} * {rng.randint(2, 16)} + len({b})",
-                f'{new} = f"{{{a}}}/{rng.choice(_NOUNS)}-{{{b}}}"',
+                f'{new} = f"{{{a}}}/{rng.choice(_CODE_NOUNS)}-{{{b}}}"',
             )))
             names.append(new)
 
@@ -280,7 +286,7 @@ class _Banks:
         return "\n".join(lines)
 
     def _py_class(self, rng: random.Random) -> str:
-        name = "".join(w.capitalize() for w in rng.sample(_NOUNS, 2))
+        name = "".join(w.capitalize() for w in rng.sample(_CODE_NOUNS, 2))
         fields = self._names(rng, rng.randint(1, 4))
         init = [f"    def __init__(self, {', '.join(fields)}):"] + [f"        self.{f} = {f}" for f in fields]
         methods = [
@@ -290,35 +296,39 @@ class _Banks:
         return "\n\n".join([f'class {name}:\n    """{self._short(rng)}"""', "\n".join(init), *methods])
 
     def _js_function(self, rng: random.Random) -> str:
-        verb, noun = rng.choice(_VERBS), rng.choice(_NOUNS)
+        verb, noun = rng.choice(_CODE_VERBS), rng.choice(_CODE_NOUNS)
         name, args = verb + noun.capitalize(), [a.replace("_", "") for a in self._names(rng, rng.randint(1, 3))]
-        head = rng.choice((f"function {name}({', '.join(args)}) {{", f"export const {name} = async ({', '.join(args)}) => {{"))
-        lines = [head]
+        head = rng.choice((f"async function {name}({', '.join(args)}) {{", f"export const {name} = async ({', '.join(args)}) => {{"))
+        lines, declared = [head], set(args)
         for _ in range(rng.randint(2, 9)):
             a, b = rng.choice(args), rng.choice(args)
             kind = rng.random()
+            if kind < 0.1:
+                lines.append(f"  // {self._short(rng)}")
             if kind < 0.2:
                 lines += [f"  if (!{a}) {{", f"    throw new Error(\"{self._short(rng)[:-1]}\");", "  }"]
             elif kind < 0.35:
-                lines += [f"  for (const item of {a}) {{", f"    {b}.{rng.choice(_VERBS)}(item.{rng.choice(_NOUNS)});", "  }"]
+                lines += [f"  for (const item of {a}) {{", f"    {b}.{rng.choice(_CODE_VERBS)}(item.{rng.choice(_CODE_NOUNS)});", "  }"]
+            elif kind < 0.5:
+                lines.append(rng.choice((f"  console.log(\"{self._short(rng)[:-1]}\", {a});", f"  {a}.{rng.choice(_CODE_NOUNS)} = {b};")))
             else:
-                new = rng.choice(_NOUNS) + rng.choice(_NOUNS).capitalize()
+                new = rng.choice(_CODE_NOUNS) + rng.choice(_CODE_NOUNS).capitalize()
+                if new in declared:
+                    continue
                 lines.append("  " + rng.choice((
-                    f"const {new} = {a}.{rng.choice(('map', 'filter', 'find', 'some'))}((item) => item.{rng.choice(_NOUNS)});",
+                    f"const {new} = {a}.{rng.choice(('map', 'filter', 'find', 'some'))}((item) => item.{rng.choice(_CODE_NOUNS)});",
                     f"let {new} = {rng.randint(0, 500)};",
                     f"const {new} = await fetch(`/api/{noun}/${{{a}}}`);",
-                    f"console.log(\"{self._short(rng)[:-1]}\", {a});",
-                    f"// {self._short(rng)}",
-                    f"{a}.{rng.choice(_NOUNS)} = {b};",
                 )))
+                declared.add(new)
                 args.append(new)
-        lines += [f"  return {rng.choice(args)};", "}" if head.startswith("function") else "};"]
+        lines += [f"  return {rng.choice(args)};", "}" if head.startswith("async") else "};"]
         return "\n".join(lines)
 
     def _py_test(self, rng: random.Random) -> str:
         func, arg = rng.choice(self.snake), rng.choice(self.vars)
         return "\n".join((
-            f"def test_{func}_{rng.choice(_ADJECTIVES)}():",
+            f"def test_{func}_{rng.choice(_CODE_ADJECTIVES)}():",
             f"    {arg} = {rng.choice(self.snake)}({rng.randint(0, 99)})",
             f"    result = {func}({arg})",
             f"    assert result == {rng.randint(0, 99)}",
@@ -475,19 +485,19 @@ class _Gen:
 
     def request(self) -> tuple[str, str | None]:
         """A user request as (instruction, material or None): the prompt-only workhorse."""
-        rng, kind = self.rng, self.rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12, 1))[0]
+        rng, kind = self.rng, self.rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12.4, 0.6))[0]
         opener = rng.choice(self.b.requests[kind])
         if kind == "question":
             return (opener if rng.random() < 0.5 else f"{self.prose(self.tokens(25, 0.7, 400))} {opener}"), None
         if kind == "instruction":
-            return opener, self.prose(self.tokens(26, 0.9, 2_000))
+            return opener, self.prose(self.tokens(16, 0.9, 2_000))
         if kind == "writing":
             return opener + (f" {self.prose(self.tokens(15, 0.6, 200))}" if rng.random() < 0.5 else ""), None
         if kind == "code":
-            if rng.random() < 0.4:
-                return opener, self.fenced(self.language(), self.tokens(70, 0.8, 2_500))
-            return f"{opener} {self.prose(self.tokens(20, 0.8, 600))}", None
-        material = self.log(self.tokens(700, 0.8, 8_000)) if rng.random() < 0.5 else self.code(self.language(), self.tokens(700, 0.8, 8_000))
+            if rng.random() < 0.3:
+                return opener, self.fenced(self.language(), self.tokens(45, 0.8, 2_500))
+            return f"{opener} {self.prose(self.tokens(15, 0.8, 600))}", None
+        material = self.log(self.tokens(600, 0.8, 8_000)) if rng.random() < 0.5 else self.code(self.language(), self.tokens(600, 0.8, 8_000))
         return opener, f"```\n{material}\n```"
 
     def user_text(self) -> str:
@@ -499,9 +509,9 @@ class _Gen:
     def reply(self, median: float) -> str:
         rng, text = self.rng, self.prose(self.tokens(median, 0.8, 3_000))
         r = rng.random()
-        if r < 0.25:
-            return f"{text}\n\n{self.fenced(self.language(), self.tokens(80, 0.7, 2_000))}\n\n{rng.choice(self.b.sentences)}"
-        if r < 0.4:
+        if r < 0.2:
+            return f"{text}\n\n{self.fenced(self.language(), self.tokens(60, 0.7, 2_000))}\n\n{rng.choice(self.b.sentences)}"
+        if r < 0.35:
             items = "\n".join(f"{i}. {s}" for i, s in enumerate(rng.choices(self.b.sentences, k=rng.randint(3, 7)), 1))
             return f"{rng.choice(self.b.sentences)}\n\n{items}"
         return text
@@ -560,12 +570,12 @@ class _Gen:
     # Rows by (format, category).
 
     def openai_prompt(self) -> dict[str, Any]:
-        messages = [{"role": "system", "content": self.system()}] if self.rng.random() < 0.15 else []
+        messages = [{"role": "system", "content": self.system()}] if self.rng.random() < 0.1 else []
         messages.append({"role": "user", "content": self.user_text()})
         return {"messages": messages}
 
     def sharegpt_prompt(self) -> dict[str, Any]:
-        turns = [{"from": "system", "value": self.system()}] if self.rng.random() < 0.1 else []
+        turns = [{"from": "system", "value": self.system()}] if self.rng.random() < 0.08 else []
         turns.append({"from": "human", "value": self.user_text()})
         return {"conversations": turns}
 
@@ -576,7 +586,7 @@ class _Gen:
     def alpaca_full(self) -> dict[str, Any]:
         row = self.alpaca_prompt()
         code = "```" in row.get("input", "") or self.rng.random() < 0.2
-        row["output"] = self.fenced(self.language(), self.tokens(50, 0.8, 2_000)) if code else self.prose(self.tokens(45, 0.8, 2_000))
+        row["output"] = self.fenced(self.language(), self.tokens(35, 0.8, 2_000)) if code else self.prose(self.tokens(30, 0.8, 2_000))
         return row
 
     def chat(self) -> list[tuple[str, str]]:
@@ -585,7 +595,7 @@ class _Gen:
         turns = [("system", self.system())] if rng.random() < 0.3 else []
         for i in range(rng.choices(range(2, 9), (40, 25, 14, 9, 6, 4, 2))[0]):
             user = self.user_text() if i == 0 else rng.choice(self.b.follow_ups) + (f" {self.prose(self.tokens(20, 0.8, 300))}" if rng.random() < 0.4 else "")
-            turns += [("user", user), ("assistant", self.reply(55))]
+            turns += [("user", user), ("assistant", self.reply(35))]
         return turns
 
     def openai_chat(self) -> dict[str, Any]:
@@ -594,7 +604,7 @@ class _Gen:
         for role, text in self.chat():
             message = {"role": role, "content": text}
             if think and role == "assistant":
-                message["reasoning_content"] = self.thinking(50)
+                message["reasoning_content"] = self.thinking(40)
             messages.append(message)
         return {"messages": messages}
 
@@ -615,7 +625,7 @@ class _Gen:
             messages.append({"role": "assistant", "content": content, "tool_calls": calls})
             messages += [{"role": "tool", "tool_call_id": c["id"], "content": self.tool_result(c["function"]["name"])} for c in calls]
         if rng.random() < 0.85:
-            messages.append({"role": "assistant", "content": self.reply(50)})
+            messages.append({"role": "assistant", "content": self.reply(40)})
         return messages, offered
 
     def openai_tools(self) -> dict[str, Any]:
@@ -664,7 +674,7 @@ class _Gen:
         """One tool call of a coding agent and its result (file contents and logs are long)."""
         rng, b = self.rng, self.b
         if name == "read_file":
-            args, result = {"path": path}, self.code("python", self.tokens(1_000, 0.6, 9_000))
+            args, result = {"path": path}, self.code("python", self.tokens(700, 0.6, 9_000))
         elif name == "list_files":
             args, result = {"path": "."}, "\n".join(sorted(set(rng.choices(b.paths + b.test_paths, k=rng.randint(10, 80)))))
         elif name == "search_code":

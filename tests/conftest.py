@@ -1,0 +1,79 @@
+"""Shared fixtures: the real Qwen vocabulary, a real local Ray cluster, a real S3 API on loopback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # one auth mode for the test cluster and its clients
+
+from raypipe.config import DataConfig  # noqa: E402
+from raypipe.data.render import ChatRenderer  # noqa: E402
+from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E402
+
+
+def data_config(**overrides: Any) -> DataConfig:
+    base: dict[str, Any] = {"sources": [{"path": "unused"}], "output": "unused", "tokenizer": "builtin:qwen", "chat_template": "qwen_strict"}
+    return DataConfig.model_validate({**base, **overrides})
+
+
+_SPECS: dict[tuple, tuple] = {}
+
+
+def qwen_spec(template: str = "qwen_strict", thinking: bool = False) -> tuple[Any, TokenizerSpec]:
+    """(HF tokenizer, spec) for the Qwen vocabulary with a project template; cached per process."""
+    key = (template, thinking)
+    if key not in _SPECS:
+        _SPECS[key] = resolve_tokenizer(data_config(chat_template=template, enable_thinking=thinking))
+    return _SPECS[key]
+
+
+def renderer(template: str = "qwen_strict", thinking: bool = False, placeholder: str = "OK.") -> ChatRenderer:
+    _, spec = qwen_spec(template, thinking)
+    return ChatRenderer(spec.chat_template, spec.template_kwargs, spec.end_of_turn, placeholder, list(spec.reserved))
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    import ray
+
+    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[dict[str, Any]]:
+    """A real S3 API (moto in server mode) on 127.0.0.1; yields fsspec storage options."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test").create_bucket(Bucket="raypipe")
+    yield {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    server.stop()
+
+
+def prepare_lines(tmp_path: Any, lines: list[bytes], **overrides: Any) -> Any:
+    """Run the (Ray-free) shard preparer over raw JSONL lines; returns the ShardResult."""
+    from raypipe.data.prepare import ShardPreparer
+    from raypipe.data.sources import plan_chunks
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
+    cfg = data_config(sources=[{"path": str(path)}], output=str(tmp_path / "out"), **overrides)
+    _, spec = qwen_spec(cfg.chat_template, cfg.enable_thinking)
+    [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)
+    return ShardPreparer(cfg, spec).prepare(chunk)
+
+
+def prepare_records(tmp_path: Any, records: list[Any], **overrides: Any) -> Any:
+    import json
+
+    return prepare_lines(tmp_path, [json.dumps(r).encode() for r in records], **overrides)

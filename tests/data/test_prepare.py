@@ -1,0 +1,65 @@
+"""The shard preparer without Ray: accounting, length policy, rejects."""
+
+import json
+from collections import Counter
+
+import pytest
+
+from tests.conftest import prepare_lines, prepare_records
+from tests.data.bad_corpus import BAD_ROWS, GOOD_ROWS, MAX_LENGTH, MAX_ROW_BYTES, corpus_lines
+
+U = {"role": "user", "content": "Hi"}
+
+
+def test_bad_corpus_every_kind_rejected_with_its_reason_and_counts_add_up(tmp_path):
+    assert len(BAD_ROWS) >= 20
+    result = prepare_lines(tmp_path, corpus_lines(), max_row_bytes=MAX_ROW_BYTES, max_length=MAX_LENGTH)
+    s = result.stats
+    good = len(BAD_ROWS)  # one good row after each bad one
+    assert s["rows_in"] == len(BAD_ROWS) + good
+    assert s["rows_kept"] == good and s["rows_rejected"] == len(BAD_ROWS)
+    assert s["rows_in"] + s["split_extra"] == s["rows_kept"] + s["rows_rejected"]
+    assert s["blank_lines"] == 5
+    assert Counter(r["code"] for r in result.rejects) == Counter(code for _, code in BAD_ROWS.values())
+    for rej in result.rejects:
+        assert rej["reason"] and rej["stage"] and rej["sample_id"] and rej["file"].endswith("in.jsonl")
+        assert "raw" in rej or "raw_base64" in rej
+    by_code = {r["code"]: r for r in result.rejects}
+    assert by_code["invalid_utf8"]["raw_base64"]  # the undecodable row is kept byte for byte
+    assert json.loads(by_code["unknown_format"]["raw"]) == {"text": "just text"}
+
+
+def test_truncate_keeps_the_head_and_counts_it(tmp_path):
+    long_reply = {"messages": [U, {"role": "assistant", "content": "word " * 300}]}
+    [row] = prepare_records(tmp_path, [long_reply], max_length=50).table.to_pylist()
+    assert row["num_tokens"] == 50 == len(row["input_ids"]) == len(row["loss_mask"])
+    assert row["num_loss_tokens"] == sum(row["loss_mask"]) > 0
+    assert row["loss_mask"][row["prompt_len"]] == 1 and row["loss_mask"][row["prompt_len"] - 1] == 0
+
+
+def test_reject_policy_rejects_over_length(tmp_path):
+    result = prepare_records(tmp_path, [{"messages": [U, {"role": "assistant", "content": "word " * 300}]}], max_length=50, overlength="reject")
+    assert result.table.num_rows == 0
+    assert result.rejects[0]["code"] == "too_long" and "data.max_length 50" in result.rejects[0]["reason"]
+
+
+def test_per_turn_truncation_keeps_turns_that_fit(tmp_path):
+    turns = [U, {"role": "assistant", "content": "short"}, {"role": "user", "content": "more " * 100}, {"role": "assistant", "content": "late"}]
+    result = prepare_records(tmp_path, [{"id": "s1", "messages": turns}], max_length=40)
+    assert [r["sample_id"] for r in result.table.to_pylist()] == ["s1#1"]
+    assert [(r["sample_id"], r["code"]) for r in result.rejects] == [("s1#3", "no_loss_in_window")]
+    s = result.stats
+    assert (s["rows_in"], s["split_extra"], s["rows_kept"], s["rows_rejected"]) == (1, 1, 1, 1)
+
+
+def test_ids_are_source_ids_or_stable_hashes(tmp_path):
+    records = [{"id": "abc", "messages": [U]}, {"messages": [U]}, {"messages": [U]}]
+    first = [r["sample_id"] for r in prepare_records(tmp_path, records).table.to_pylist()]
+    again = [r["sample_id"] for r in prepare_records(tmp_path, records).table.to_pylist()]
+    assert first[0] == "abc" and first == again and len(set(first)) == 3
+
+
+@pytest.mark.parametrize("line", GOOD_ROWS)
+def test_good_rows_are_kept(tmp_path, line):
+    result = prepare_lines(tmp_path, [line])
+    assert result.table.num_rows >= 1 and not result.rejects

@@ -1,0 +1,57 @@
+import pytest
+
+from raypipe.config import RECIPES_DIR, load_config, parse_overrides
+
+
+@pytest.mark.parametrize("recipe", ["debug_cpu", "qwen3_8b", "qwen36_27b"])
+def test_shipped_recipes_validate(recipe):
+    cfg = load_config(recipe)
+    assert cfg.name == recipe
+    assert cfg.data.max_length == 3072
+
+
+def test_overrides_are_yaml_typed_and_reach_nested_lists():
+    cfg = load_config("debug_cpu", ["data.max_length=128", "data.sources.0.name=mine", "data.enable_thinking=true"])
+    assert cfg.data.max_length == 128
+    assert cfg.data.sources[0].name == "mine"
+    assert cfg.data.enable_thinking is True
+
+
+def test_invalid_values_name_the_field_and_what_is_allowed():
+    with pytest.raises(ValueError) as err:
+        load_config("debug_cpu", ["data.overlength=cut", "data.max_length=-1", "data.maxlen=3"])
+    text = str(err.value)
+    assert "data.overlength" in text and "'truncate' or 'reject'" in text and "'cut'" in text
+    assert "data.max_length" in text and "greater than 0" in text
+    assert "data.maxlen" in text and "Extra inputs are not permitted" in text
+
+
+def test_unknown_template_and_recipe_are_explained():
+    with pytest.raises(ValueError, match="data.chat_template.*qwen_strict, generation_markers, chatml"):
+        load_config("debug_cpu", ["data.chat_template=llama9"])
+    with pytest.raises(ValueError, match="unknown recipe 'nope'.*debug_cpu"):
+        load_config("nope")
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ValueError, match="key=value"):
+        parse_overrides(["data.max_length"])
+    with pytest.raises(ValueError, match="list of 1"):
+        load_config("debug_cpu", ["data.sources.3.path=x"])
+
+
+def test_output_hash_ignores_parallelism_only():
+    base = load_config("debug_cpu").data
+    assert base.output_hash() == load_config("debug_cpu", ["data.num_actors=7", "data.output=/elsewhere"]).data.output_hash()
+    assert base.output_hash() != load_config("debug_cpu", ["data.max_length=10"]).data.output_hash()
+
+
+def test_recipe_file_path(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text((RECIPES_DIR / "debug_cpu.yaml").read_text().replace("name: debug_cpu", "name: mine"))
+    assert load_config(str(path)).name == "mine"
+
+
+def test_source_names():
+    cfg = load_config("debug_cpu", ["data.sources=[{path: s3://b/x/train.jsonl}, {path: /d/chats/*.jsonl}, {path: a, name: n}]"])
+    assert [s.source_name for s in cfg.data.sources] == ["train", "chats", "n"]
