@@ -15,10 +15,11 @@ import keyword
 import math
 import os
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REFERENCE_SAMPLES = 913_786
 
@@ -153,7 +154,21 @@ _ADJECTIVES = (
 ).split()
 _WORDS = _FUNCTION_WORDS + _NOUNS + _VERBS + _ADJECTIVES
 # Identifiers in generated code must not be Python keywords or JavaScript reserved words.
-_RESERVED = set(keyword.kwlist) | {"class", "delete", "new", "default", "function", "public", "private", "static", "this", "try", "catch", "return", "switch"}
+_RESERVED = set(keyword.kwlist) | {
+    "class",
+    "delete",
+    "new",
+    "default",
+    "function",
+    "public",
+    "private",
+    "static",
+    "this",
+    "try",
+    "catch",
+    "return",
+    "switch",
+}
 _CODE_NOUNS = [w for w in _NOUNS if w not in _RESERVED]
 _CODE_VERBS = [w for w in _VERBS if w not in _RESERVED]
 _CODE_ADJECTIVES = [w for w in _ADJECTIVES if w not in _RESERVED]
@@ -163,15 +178,31 @@ _CITIES = (
 ).split()
 _NAMES = "Alice Bob Carol David Emma Frank Grace Henry Irene Jack Karen Liam Maya Noah Olivia Paul".split()
 _PY_IMPORTS = (
-    "import os", "import re", "import json", "import time", "import logging", "import argparse",
-    "import asyncio", "import hashlib", "from pathlib import Path", "from typing import Any, Iterable",
-    "from dataclasses import dataclass, field", "from collections import defaultdict",
-    "import numpy as np", "import pandas as pd", "from datetime import datetime, timedelta",
+    "import os",
+    "import re",
+    "import json",
+    "import time",
+    "import logging",
+    "import argparse",
+    "import asyncio",
+    "import hashlib",
+    "from pathlib import Path",
+    "from typing import Any, Iterable",
+    "from dataclasses import dataclass, field",
+    "from collections import defaultdict",
+    "import numpy as np",
+    "import pandas as pd",
+    "from datetime import datetime, timedelta",
 )
 _JS_IMPORTS = (
-    'import fs from "fs";', 'import path from "path";', 'import express from "express";',
-    'import { useState, useEffect } from "react";', 'const axios = require("axios");',
-    'import { z } from "zod";', 'const crypto = require("crypto");', 'import lodash from "lodash";',
+    'import fs from "fs";',
+    'import path from "path";',
+    'import express from "express";',
+    'import { useState, useEffect } from "react";',
+    'const axios = require("axios");',
+    'import { z } from "zod";',
+    'const crypto = require("crypto");',
+    'import lodash from "lodash";',
 )
 
 
@@ -232,9 +263,15 @@ class _Banks:
 
     def _fill(self, rng: random.Random, template: str) -> str:
         return template.format(
-            noun=rng.choice(_NOUNS), noun2=rng.choice(_NOUNS), adj=rng.choice(_ADJECTIVES),
-            verb=rng.choice(_VERBS), n=rng.randint(2, 12), lang=rng.choice(("Python", "JavaScript")),
-            city=rng.choice(_CITIES), name=rng.choice(_NAMES), func=rng.choice(self.snake),
+            noun=rng.choice(_NOUNS),
+            noun2=rng.choice(_NOUNS),
+            adj=rng.choice(_ADJECTIVES),
+            verb=rng.choice(_VERBS),
+            n=rng.randint(2, 12),
+            lang=rng.choice(("Python", "JavaScript")),
+            city=rng.choice(_CITIES),
+            name=rng.choice(_NAMES),
+            func=rng.choice(self.snake),
             words=rng.choice((100, 150, 200, 300, 500, 800)),
         )
 
@@ -256,23 +293,34 @@ class _Banks:
             if rng.random() < 0.1:
                 lines.append(f"{pad}# {self._short(rng)}")
             if rng.random() < 0.25 and depth < 2:
-                header = rng.choice((
-                    f"if {a} is None:", f"if {a} > {rng.randint(1, 100)}:", f"if not {a}:",
-                    f"for item in {a}:", f"while {a} < {rng.randint(2, 64)}:", f"with open({a}) as handle:",
-                ))
+                header = rng.choice(
+                    (
+                        f"if {a} is None:",
+                        f"if {a} > {rng.randint(1, 100)}:",
+                        f"if not {a}:",
+                        f"for item in {a}:",
+                        f"while {a} < {rng.randint(2, 64)}:",
+                        f"with open({a}) as handle:",
+                    )
+                )
                 lines.append(pad + header)
                 self._py_block(rng, lines, names, depth + 1, rng.randint(1, 3))
                 continue
             new = rng.choice(self.vars)
-            lines.append(pad + rng.choice((
-                f"{new} = {a}.{rng.choice(_CODE_VERBS)}({b})",
-                f"{new} = [item.{rng.choice(_CODE_NOUNS)} for item in {a} if item.{rng.choice(_CODE_ADJECTIVES)}]",
-                f'{new} = {{"{rng.choice(_CODE_NOUNS)}": {a}, "{rng.choice(_CODE_NOUNS)}": {rng.randint(0, 999)}}}',
-                f"{a}.{rng.choice(self.snake)}({b}, {rng.choice(_CODE_NOUNS)}={rng.randint(0, 64)})",
-                f'logger.{rng.choice(("info", "debug", "warning"))}("{self._short(rng)[:-1]} %s", {a})',
-                f"{new} = {a} * {rng.randint(2, 16)} + len({b})",
-                f'{new} = f"{{{a}}}/{rng.choice(_CODE_NOUNS)}-{{{b}}}"',
-            )))
+            lines.append(
+                pad
+                + rng.choice(
+                    (
+                        f"{new} = {a}.{rng.choice(_CODE_VERBS)}({b})",
+                        f"{new} = [item.{rng.choice(_CODE_NOUNS)} for item in {a} if item.{rng.choice(_CODE_ADJECTIVES)}]",
+                        f'{new} = {{"{rng.choice(_CODE_NOUNS)}": {a}, "{rng.choice(_CODE_NOUNS)}": {rng.randint(0, 999)}}}',
+                        f"{a}.{rng.choice(self.snake)}({b}, {rng.choice(_CODE_NOUNS)}={rng.randint(0, 64)})",
+                        f'logger.{rng.choice(("info", "debug", "warning"))}("{self._short(rng)[:-1]} %s", {a})',
+                        f"{new} = {a} * {rng.randint(2, 16)} + len({b})",
+                        f'{new} = f"{{{a}}}/{rng.choice(_CODE_NOUNS)}-{{{b}}}"',
+                    )
+                )
+            )
             names.append(new)
 
     def _py_function(self, rng: random.Random, prefix: str = "def ", first: tuple[str, ...] = ()) -> str:
@@ -298,7 +346,9 @@ class _Banks:
     def _js_function(self, rng: random.Random) -> str:
         verb, noun = rng.choice(_CODE_VERBS), rng.choice(_CODE_NOUNS)
         name, args = verb + noun.capitalize(), [a.replace("_", "") for a in self._names(rng, rng.randint(1, 3))]
-        head = rng.choice((f"async function {name}({', '.join(args)}) {{", f"export const {name} = async ({', '.join(args)}) => {{"))
+        head = rng.choice(
+            (f"async function {name}({', '.join(args)}) {{", f"export const {name} = async ({', '.join(args)}) => {{")
+        )
         lines, declared = [head], set(args)
         for _ in range(rng.randint(2, 9)):
             a, b = rng.choice(args), rng.choice(args)
@@ -306,20 +356,33 @@ class _Banks:
             if kind < 0.1:
                 lines.append(f"  // {self._short(rng)}")
             if kind < 0.2:
-                lines += [f"  if (!{a}) {{", f"    throw new Error(\"{self._short(rng)[:-1]}\");", "  }"]
+                lines += [f"  if (!{a}) {{", f'    throw new Error("{self._short(rng)[:-1]}");', "  }"]
             elif kind < 0.35:
-                lines += [f"  for (const item of {a}) {{", f"    {b}.{rng.choice(_CODE_VERBS)}(item.{rng.choice(_CODE_NOUNS)});", "  }"]
+                lines += [
+                    f"  for (const item of {a}) {{",
+                    f"    {b}.{rng.choice(_CODE_VERBS)}(item.{rng.choice(_CODE_NOUNS)});",
+                    "  }",
+                ]
             elif kind < 0.5:
-                lines.append(rng.choice((f"  console.log(\"{self._short(rng)[:-1]}\", {a});", f"  {a}.{rng.choice(_CODE_NOUNS)} = {b};")))
+                lines.append(
+                    rng.choice(
+                        (f'  console.log("{self._short(rng)[:-1]}", {a});', f"  {a}.{rng.choice(_CODE_NOUNS)} = {b};")
+                    )
+                )
             else:
                 new = rng.choice(_CODE_NOUNS) + rng.choice(_CODE_NOUNS).capitalize()
                 if new in declared:
                     continue
-                lines.append("  " + rng.choice((
-                    f"const {new} = {a}.{rng.choice(('map', 'filter', 'find', 'some'))}((item) => item.{rng.choice(_CODE_NOUNS)});",
-                    f"let {new} = {rng.randint(0, 500)};",
-                    f"const {new} = await fetch(`/api/{noun}/${{{a}}}`);",
-                )))
+                lines.append(
+                    "  "
+                    + rng.choice(
+                        (
+                            f"const {new} = {a}.{rng.choice(('map', 'filter', 'find', 'some'))}((item) => item.{rng.choice(_CODE_NOUNS)});",
+                            f"let {new} = {rng.randint(0, 500)};",
+                            f"const {new} = await fetch(`/api/{noun}/${{{a}}}`);",
+                        )
+                    )
+                )
                 declared.add(new)
                 args.append(new)
         lines += [f"  return {rng.choice(args)};", "}" if head.startswith("async") else "};"]
@@ -327,12 +390,14 @@ class _Banks:
 
     def _py_test(self, rng: random.Random) -> str:
         func, arg = rng.choice(self.snake), rng.choice(self.vars)
-        return "\n".join((
-            f"def test_{func}_{rng.choice(_CODE_ADJECTIVES)}():",
-            f"    {arg} = {rng.choice(self.snake)}({rng.randint(0, 99)})",
-            f"    result = {func}({arg})",
-            f"    assert result == {rng.randint(0, 99)}",
-        ))
+        return "\n".join(
+            (
+                f"def test_{func}_{rng.choice(_CODE_ADJECTIVES)}():",
+                f"    {arg} = {rng.choice(self.snake)}({rng.randint(0, 99)})",
+                f"    result = {func}({arg})",
+                f"    assert result == {rng.randint(0, 99)}",
+            )
+        )
 
     def _log_line(self, rng: random.Random) -> str:
         stamp = f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d},{rng.randint(0, 999):03d}"
@@ -342,43 +407,66 @@ class _Banks:
 
 _OPENERS = {
     "question": (
-        "What is the best way to {verb} a {adj} {noun}?", "How do I {verb} the {noun} in {lang}?",
-        "Why does my {noun} {verb} so slowly?", "What is the difference between a {noun} and a {noun2}?",
-        "Can you explain how a {adj} {noun} works?", "Is it a good idea to {verb} every {noun}?",
+        "What is the best way to {verb} a {adj} {noun}?",
+        "How do I {verb} the {noun} in {lang}?",
+        "Why does my {noun} {verb} so slowly?",
+        "What is the difference between a {noun} and a {noun2}?",
+        "Can you explain how a {adj} {noun} works?",
+        "Is it a good idea to {verb} every {noun}?",
     ),
     "instruction": (
-        "Summarize the following text in {n} sentences.", "Rewrite the paragraph below so it sounds more formal.",
-        "Explain the idea of a {adj} {noun} to a new student.", "List the pros and cons of this {noun} plan.",
-        "Give me {n} ideas for a {adj} {noun} project.", "Write an email to {name} about the {noun} meeting.",
-        "Extract the key points from this {noun} report.", "Turn these notes into a clear {noun} plan.",
-        "Classify the following text by topic and tone.", "Answer the question using the text below.",
+        "Summarize the following text in {n} sentences.",
+        "Rewrite the paragraph below so it sounds more formal.",
+        "Explain the idea of a {adj} {noun} to a new student.",
+        "List the pros and cons of this {noun} plan.",
+        "Give me {n} ideas for a {adj} {noun} project.",
+        "Write an email to {name} about the {noun} meeting.",
+        "Extract the key points from this {noun} report.",
+        "Turn these notes into a clear {noun} plan.",
+        "Classify the following text by topic and tone.",
+        "Answer the question using the text below.",
     ),
     "code": (
         "Write a {lang} function that can {verb} a list of {noun} objects.",
         "Implement a {lang} class for a {adj} {noun} cache with a size limit.",
-        "Refactor this code so it is easier to test.", "Find the bug in the following code.",
-        "Write unit tests for this function.", "Explain what this code does, line by line.",
-        "Add type hints and docstrings to the code below.", "Make this function {verb} the {noun} in parallel.",
-        "Convert this script into a command line tool with argparse.", "Why does `{func}` return None here?",
+        "Refactor this code so it is easier to test.",
+        "Find the bug in the following code.",
+        "Write unit tests for this function.",
+        "Explain what this code does, line by line.",
+        "Add type hints and docstrings to the code below.",
+        "Make this function {verb} the {noun} in parallel.",
+        "Convert this script into a command line tool with argparse.",
+        "Why does `{func}` return None here?",
     ),
     "writing": (
-        "Write a {words}-word essay about the {adj} {noun}.", "Write a short story about a {noun} in {city}.",
-        "Write a poem about the {noun} and the {noun2}.", "Draft a blog post on how to {verb} a {noun}.",
-        "Write a product description for a {adj} {noun}.", "Write a speech for {name} about {adj} {noun} policy.",
+        "Write a {words}-word essay about the {adj} {noun}.",
+        "Write a short story about a {noun} in {city}.",
+        "Write a poem about the {noun} and the {noun2}.",
+        "Draft a blog post on how to {verb} a {noun}.",
+        "Write a product description for a {adj} {noun}.",
+        "Write a speech for {name} about {adj} {noun} policy.",
     ),
     "paste": (
-        "Here is the log from our {noun} job. Why does it fail?", "This is my whole {lang} module. Can you review it?",
-        "Our {noun} service prints this output. What is going wrong?", "Please review this file and suggest changes.",
+        "Here is the log from our {noun} job. Why does it fail?",
+        "This is my whole {lang} module. Can you review it?",
+        "Our {noun} service prints this output. What is going wrong?",
+        "Please review this file and suggest changes.",
     ),
 }
 _FOLLOW_UPS = (
-    "Can you make it shorter?", "Thanks. Now {verb} the {noun} as well.", "What about a {adj} {noun}?",
-    "Could you give an example in {lang}?", "Why is that better than using a {noun2}?",
-    "Please explain the second point in more detail.", "Now add error handling for the {noun}.",
-    "How would this change for {n} users?", "Great, can you write tests for it?",
+    "Can you make it shorter?",
+    "Thanks. Now {verb} the {noun} as well.",
+    "What about a {adj} {noun}?",
+    "Could you give an example in {lang}?",
+    "Why is that better than using a {noun2}?",
+    "Please explain the second point in more detail.",
+    "Now add error handling for the {noun}.",
+    "How would this change for {n} users?",
+    "Great, can you write tests for it?",
 )
 _SYSTEMS = (
-    "You are a helpful assistant.", "You are a senior {lang} engineer. Answer with working code.",
+    "You are a helpful assistant.",
+    "You are a senior {lang} engineer. Answer with working code.",
     "You are {name}, a friendly tutor who explains {noun} topics step by step.",
     "You are an expert on {adj} {noun} design. Be concise.",
     "You are a customer support agent for a {noun} company in {city}.",
@@ -392,8 +480,12 @@ _AGENT_TASKS = (
     "Make `{func}` handle {adj} {noun} values and update the docs.",
 )
 _THINK_OPENERS = (
-    "Okay, the user wants", "Let me think about this.", "First, I need to check", "Hmm, so the question is",
-    "The key point here is", "Let me look at the code again.",
+    "Okay, the user wants",
+    "Let me think about this.",
+    "First, I need to check",
+    "Hmm, so the question is",
+    "The key point here is",
+    "Let me look at the code again.",
 )
 
 
@@ -406,22 +498,78 @@ def _banks() -> _Banks:
 # Tools: schemas plus argument and result generators.
 
 _TOOLS: dict[str, tuple[str, dict[str, tuple[str, str]], tuple[str, ...]]] = {
-    "get_weather": ("Get the current weather for a city.", {"city": ("string", "City name, e.g. Paris."), "unit": ("string", "celsius or fahrenheit")}, ("city",)),
-    "search_web": ("Search the web and return the top results.", {"query": ("string", "Search query."), "limit": ("integer", "How many results.")}, ("query",)),
+    "get_weather": (
+        "Get the current weather for a city.",
+        {"city": ("string", "City name, e.g. Paris."), "unit": ("string", "celsius or fahrenheit")},
+        ("city",),
+    ),
+    "search_web": (
+        "Search the web and return the top results.",
+        {"query": ("string", "Search query."), "limit": ("integer", "How many results.")},
+        ("query",),
+    ),
     "get_stock_price": ("Get the latest price of a stock.", {"symbol": ("string", "Ticker symbol.")}, ("symbol",)),
-    "convert_currency": ("Convert an amount between currencies.", {"amount": ("number", "Amount."), "from_currency": ("string", "Source currency."), "to_currency": ("string", "Target currency.")}, ("amount", "from_currency", "to_currency")),
-    "send_email": ("Send an email.", {"to": ("string", "Recipient address."), "subject": ("string", "Subject line."), "body": ("string", "Message body.")}, ("to", "subject", "body")),
-    "create_event": ("Create a calendar event.", {"title": ("string", "Event title."), "date": ("string", "Date, YYYY-MM-DD."), "duration_minutes": ("integer", "Length.")}, ("title", "date")),
+    "convert_currency": (
+        "Convert an amount between currencies.",
+        {
+            "amount": ("number", "Amount."),
+            "from_currency": ("string", "Source currency."),
+            "to_currency": ("string", "Target currency."),
+        },
+        ("amount", "from_currency", "to_currency"),
+    ),
+    "send_email": (
+        "Send an email.",
+        {
+            "to": ("string", "Recipient address."),
+            "subject": ("string", "Subject line."),
+            "body": ("string", "Message body."),
+        },
+        ("to", "subject", "body"),
+    ),
+    "create_event": (
+        "Create a calendar event.",
+        {
+            "title": ("string", "Event title."),
+            "date": ("string", "Date, YYYY-MM-DD."),
+            "duration_minutes": ("integer", "Length."),
+        },
+        ("title", "date"),
+    ),
     "lookup_order": ("Look up an order by id.", {"order_id": ("string", "Order id.")}, ("order_id",)),
-    "search_products": ("Search the product catalog.", {"query": ("string", "Search text."), "max_price": ("number", "Price limit.")}, ("query",)),
+    "search_products": (
+        "Search the product catalog.",
+        {"query": ("string", "Search text."), "max_price": ("number", "Price limit.")},
+        ("query",),
+    ),
     "query_database": ("Run a read-only SQL query.", {"sql": ("string", "SQL SELECT statement.")}, ("sql",)),
-    "get_directions": ("Get directions between two places.", {"origin": ("string", "Start."), "destination": ("string", "End."), "mode": ("string", "driving, walking or transit")}, ("origin", "destination")),
+    "get_directions": (
+        "Get directions between two places.",
+        {
+            "origin": ("string", "Start."),
+            "destination": ("string", "End."),
+            "mode": ("string", "driving, walking or transit"),
+        },
+        ("origin", "destination"),
+    ),
 }
 _AGENT_TOOLS: dict[str, tuple[str, dict[str, tuple[str, str]], tuple[str, ...]]] = {
     "list_files": ("List files under a directory.", {"path": ("string", "Directory.")}, ("path",)),
     "read_file": ("Read a file from the repository.", {"path": ("string", "File path.")}, ("path",)),
-    "search_code": ("Search the repository with a regular expression.", {"pattern": ("string", "Regex."), "path": ("string", "Where to search.")}, ("pattern",)),
-    "edit_file": ("Replace old_str with new_str in a file.", {"path": ("string", "File path."), "old_str": ("string", "Exact text to replace."), "new_str": ("string", "Replacement.")}, ("path", "old_str", "new_str")),
+    "search_code": (
+        "Search the repository with a regular expression.",
+        {"pattern": ("string", "Regex."), "path": ("string", "Where to search.")},
+        ("pattern",),
+    ),
+    "edit_file": (
+        "Replace old_str with new_str in a file.",
+        {
+            "path": ("string", "File path."),
+            "old_str": ("string", "Exact text to replace."),
+            "new_str": ("string", "Replacement."),
+        },
+        ("path", "old_str", "new_str"),
+    ),
     "run_tests": ("Run the test suite or a subset of it.", {"target": ("string", "Test path or node id.")}, ()),
     "run_command": ("Run a shell command in the repository.", {"command": ("string", "Command line.")}, ("command",)),
 }
@@ -429,10 +577,18 @@ _AGENT_TOOLS: dict[str, tuple[str, dict[str, tuple[str, str]], tuple[str, ...]]]
 
 def _schema(name: str, spec: tuple[str, dict[str, tuple[str, str]], tuple[str, ...]]) -> dict[str, Any]:
     description, params, required = spec
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": {k: {"type": t, "description": d} for k, (t, d) in params.items()}, "required": list(required)},
-    }}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"type": t, "description": d} for k, (t, d) in params.items()},
+                "required": list(required),
+            },
+        },
+    }
 
 
 _TOOL_SCHEMAS = {name: _schema(name, spec) for name, spec in _TOOLS.items()}
@@ -461,7 +617,7 @@ class _Gen:
         if k <= 4:
             return " ".join(sentences)
         step = self.rng.randint(3, 6)
-        return "\n\n".join(" ".join(sentences[i:i + step]) for i in range(0, k, step))
+        return "\n\n".join(" ".join(sentences[i : i + step]) for i in range(0, k, step))
 
     def code(self, lang: str, chars: int, header: bool = True) -> str:
         parts = [self.rng.choice(self.b.headers[lang])] if header else []
@@ -485,10 +641,13 @@ class _Gen:
 
     def request(self) -> tuple[str, str | None]:
         """A user request as (instruction, material or None): the prompt-only workhorse."""
-        rng, kind = self.rng, self.rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12.4, 0.6))[0]
+        rng, kind = (
+            self.rng,
+            self.rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12.4, 0.6))[0],
+        )
         opener = rng.choice(self.b.requests[kind])
         if kind == "question":
-            return (opener if rng.random() < 0.5 else f"{self.prose(self.tokens(25, 0.7, 400))} {opener}"), None
+            return (opener if rng.random() < 0.6 else f"{self.prose(self.tokens(25, 0.7, 400))} {opener}"), None
         if kind == "instruction":
             return opener, self.prose(self.tokens(16, 0.9, 2_000))
         if kind == "writing":
@@ -497,7 +656,11 @@ class _Gen:
             if rng.random() < 0.3:
                 return opener, self.fenced(self.language(), self.tokens(45, 0.8, 2_500))
             return f"{opener} {self.prose(self.tokens(15, 0.8, 600))}", None
-        material = self.log(self.tokens(600, 0.8, 8_000)) if rng.random() < 0.5 else self.code(self.language(), self.tokens(600, 0.8, 8_000))
+        material = (
+            self.log(self.tokens(600, 0.8, 8_000))
+            if rng.random() < 0.5
+            else self.code(self.language(), self.tokens(600, 0.8, 8_000))
+        )
         return opener, f"```\n{material}\n```"
 
     def user_text(self) -> str:
@@ -534,13 +697,20 @@ class _Gen:
         if kind == "number":
             return round(rng.uniform(1, 5_000), 2)
         special: dict[str, Callable[[], Any]] = {
-            "city": lambda: rng.choice(_CITIES), "origin": lambda: rng.choice(_CITIES), "destination": lambda: rng.choice(_CITIES),
-            "unit": lambda: rng.choice(("celsius", "fahrenheit")), "mode": lambda: rng.choice(("driving", "walking", "transit")),
+            "city": lambda: rng.choice(_CITIES),
+            "origin": lambda: rng.choice(_CITIES),
+            "destination": lambda: rng.choice(_CITIES),
+            "unit": lambda: rng.choice(("celsius", "fahrenheit")),
+            "mode": lambda: rng.choice(("driving", "walking", "transit")),
             "symbol": lambda: rng.choice(("AAPL", "MSFT", "NVDA", "GOOG", "AMZN", "TSLA")),
-            "from_currency": lambda: rng.choice(("USD", "EUR", "JPY", "GBP")), "to_currency": lambda: rng.choice(("USD", "EUR", "JPY", "GBP")),
+            "from_currency": lambda: rng.choice(("USD", "EUR", "JPY", "GBP")),
+            "to_currency": lambda: rng.choice(("USD", "EUR", "JPY", "GBP")),
             "to": lambda: f"{rng.choice(_NAMES).lower()}@example.com",
-            "date": lambda: f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}", "order_id": lambda: f"ORD-{rng.randint(10_000, 99_999)}",
-            "sql": lambda: f"SELECT {rng.choice(_NOUNS)}, COUNT(*) FROM {rng.choice(_NOUNS)}s WHERE {rng.choice(_NOUNS)} > {rng.randint(1, 99)} GROUP BY 1",
+            "date": lambda: f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
+            "order_id": lambda: f"ORD-{rng.randint(10_000, 99_999)}",
+            "sql": lambda: (
+                f"SELECT {rng.choice(_NOUNS)}, COUNT(*) FROM {rng.choice(_NOUNS)}s WHERE {rng.choice(_NOUNS)} > {rng.randint(1, 99)} GROUP BY 1"
+            ),
             "body": lambda: self.prose(self.tokens(60, 0.6, 600)),
         }
         return special[name]() if name in special else rng.choice(self.b.short_sentences)[:-1]
@@ -548,14 +718,26 @@ class _Gen:
     def tool_result(self, name: str) -> str:
         rng = self.rng
         if name == "search_web" or name == "search_products":
-            items = [{"title": rng.choice(self.b.short_sentences)[:-1], "url": f"https://example.com/{rng.choice(_NOUNS)}/{rng.randint(1, 9_999)}",
-                      "snippet": rng.choice(self.b.sentences)} for _ in range(rng.randint(2, 6))]
+            items = [
+                {
+                    "title": rng.choice(self.b.short_sentences)[:-1],
+                    "url": f"https://example.com/{rng.choice(_NOUNS)}/{rng.randint(1, 9_999)}",
+                    "snippet": rng.choice(self.b.sentences),
+                }
+                for _ in range(rng.randint(2, 6))
+            ]
             return json.dumps({"results": items})
         if name == "query_database":
             rows = [[rng.choice(_NOUNS), rng.randint(1, 9_999)] for _ in range(rng.randint(2, 25))]
             return json.dumps({"columns": ["name", "count"], "rows": rows})
         if name == "get_weather":
-            return json.dumps({"temperature": round(rng.uniform(-10, 35), 1), "conditions": rng.choice(("sunny", "cloudy", "rain", "snow")), "humidity": rng.randint(10, 95)})
+            return json.dumps(
+                {
+                    "temperature": round(rng.uniform(-10, 35), 1),
+                    "conditions": rng.choice(("sunny", "cloudy", "rain", "snow")),
+                    "humidity": rng.randint(10, 95),
+                }
+            )
         return json.dumps({"status": "ok", "id": rng.randint(1_000, 99_999), "detail": rng.choice(self.b.sentences)})
 
     def tool_calls(self, tools: list[str], as_string: bool) -> list[dict[str, Any]]:
@@ -563,8 +745,13 @@ class _Gen:
         for name in self.rng.choices(tools, k=self.rng.choices((1, 2, 3), (70, 22, 8))[0]):
             params, required = _TOOLS[name][1], _TOOLS[name][2]
             args = {k: self.argument(k, t) for k, (t, _) in params.items() if k in required or self.rng.random() < 0.4}
-            calls.append({"id": self.call_id(), "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(args) if as_string else args}})
+            calls.append(
+                {
+                    "id": self.call_id(),
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(args) if as_string else args},
+                }
+            )
         return calls
 
     # Rows by (format, category).
@@ -586,7 +773,11 @@ class _Gen:
     def alpaca_full(self) -> dict[str, Any]:
         row = self.alpaca_prompt()
         code = "```" in row.get("input", "") or self.rng.random() < 0.2
-        row["output"] = self.fenced(self.language(), self.tokens(35, 0.8, 2_000)) if code else self.prose(self.tokens(30, 0.8, 2_000))
+        row["output"] = (
+            self.fenced(self.language(), self.tokens(35, 0.8, 2_000))
+            if code
+            else self.prose(self.tokens(30, 0.8, 2_000))
+        )
         return row
 
     def chat(self) -> list[tuple[str, str]]:
@@ -594,8 +785,13 @@ class _Gen:
         rng = self.rng
         turns = [("system", self.system())] if rng.random() < 0.3 else []
         for i in range(rng.choices(range(2, 9), (40, 25, 14, 9, 6, 4, 2))[0]):
-            user = self.user_text() if i == 0 else rng.choice(self.b.follow_ups) + (f" {self.prose(self.tokens(20, 0.8, 300))}" if rng.random() < 0.4 else "")
-            turns += [("user", user), ("assistant", self.reply(35))]
+            user = (
+                self.user_text()
+                if i == 0
+                else rng.choice(self.b.follow_ups)
+                + (f" {self.prose(self.tokens(20, 0.8, 300))}" if rng.random() < 0.4 else "")
+            )
+            turns += [("user", user), ("assistant", self.reply(32))]
         return turns
 
     def openai_chat(self) -> dict[str, Any]:
@@ -618,12 +814,17 @@ class _Gen:
         used = rng.sample(list(_TOOLS), rng.choice((1, 1, 2)))
         offered = sorted(set(used) | set(rng.sample(list(_TOOLS), rng.randint(0, 2))))
         messages: list[dict[str, Any]] = [{"role": "system", "content": self.system()}] if rng.random() < 0.5 else []
-        messages.append({"role": "user", "content": f"{rng.choice(self.b.sentences)} {self.prose(self.tokens(20, 0.7, 400))}"})
+        messages.append(
+            {"role": "user", "content": f"{rng.choice(self.b.sentences)} {self.prose(self.tokens(20, 0.7, 400))}"}
+        )
         for _ in range(rng.choices((1, 2), (75, 25))[0]):
             calls = self.tool_calls(used, as_string)
             content = "" if rng.random() < 0.6 else rng.choice(self.b.short_sentences)
             messages.append({"role": "assistant", "content": content, "tool_calls": calls})
-            messages += [{"role": "tool", "tool_call_id": c["id"], "content": self.tool_result(c["function"]["name"])} for c in calls]
+            messages += [
+                {"role": "tool", "tool_call_id": c["id"], "content": self.tool_result(c["function"]["name"])}
+                for c in calls
+            ]
         if rng.random() < 0.85:
             messages.append({"role": "assistant", "content": self.reply(40)})
         return messages, offered
@@ -639,30 +840,49 @@ class _Gen:
         turns = [{"from": "system", "value": f"You are a helpful assistant with access to these functions:\n{schemas}"}]
         for m in messages:
             if m["role"] == "assistant" and "tool_calls" in m:
-                calls = "\n".join(f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n</tool_call>" for c in m["tool_calls"])
+                calls = "\n".join(
+                    f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n</tool_call>"
+                    for c in m["tool_calls"]
+                )
                 turns.append({"from": "gpt", "value": f"{m['content']}\n{calls}" if m["content"] else calls})
             elif m["role"] != "system":
-                turns.append({"from": {"user": "human", "assistant": "gpt", "tool": "tool"}[m["role"]], "value": m["content"]})
+                turns.append(
+                    {"from": {"user": "human", "assistant": "gpt", "tool": "tool"}[m["role"]], "value": m["content"]}
+                )
         return {"conversations": turns}
 
     def test_log(self, chars: int, failing: bool) -> str:
         rng, b = self.rng, self.b
         tests = [f"{rng.choice(b.test_paths)}::test_{rng.choice(b.snake)}" for _ in range(max(3, chars // 95))]
-        lines = ["=" * 29 + " test session starts " + "=" * 30, "platform linux -- Python 3.11.9, pytest-8.3.2, pluggy-1.5.0",
-                 "rootdir: /workspace/project", f"collected {len(tests)} items", ""]
-        lines += [f"{t} {'FAILED' if failing and i == 1 else 'PASSED'} [{100 * (i + 1) // len(tests):3d}%]" for i, t in enumerate(tests)]
+        lines = [
+            "=" * 29 + " test session starts " + "=" * 30,
+            "platform linux -- Python 3.11.9, pytest-8.3.2, pluggy-1.5.0",
+            "rootdir: /workspace/project",
+            f"collected {len(tests)} items",
+            "",
+        ]
+        lines += [
+            f"{t} {'FAILED' if failing and i == 1 else 'PASSED'} [{100 * (i + 1) // len(tests):3d}%]"
+            for i, t in enumerate(tests)
+        ]
         if failing:
-            lines += ["", "=" * 35 + " FAILURES " + "=" * 35, f"_____ {tests[1].split('::')[1]} _____", "",
-                      *("    " + ln for ln in rng.choice(b.tests).splitlines()),
-                      f"E       AssertionError: assert {rng.randint(0, 99)} == {rng.randint(0, 99)}", "",
-                      f"{tests[1].split('::')[0]}:{rng.randint(5, 400)}: AssertionError",
-                      f"FAILED {tests[1]} - AssertionError"]
+            lines += [
+                "",
+                "=" * 35 + " FAILURES " + "=" * 35,
+                f"_____ {tests[1].split('::')[1]} _____",
+                "",
+                *("    " + ln for ln in rng.choice(b.tests).splitlines()),
+                f"E       AssertionError: assert {rng.randint(0, 99)} == {rng.randint(0, 99)}",
+                "",
+                f"{tests[1].split('::')[0]}:{rng.randint(5, 400)}: AssertionError",
+                f"FAILED {tests[1]} - AssertionError",
+            ]
         summary = f"{int(failing)} failed, {len(tests) - int(failing)} passed" if failing else f"{len(tests)} passed"
         return "\n".join([*lines, f"{'=' * 20} {summary} in {rng.uniform(0.5, 60):.2f}s {'=' * 20}"])
 
     def snippet(self) -> str:
         start = self.rng.randrange(len(self.b.code_lines) - 12)
-        return "\n".join(self.b.code_lines[start:start + self.rng.randint(2, 10)])
+        return "\n".join(self.b.code_lines[start : start + self.rng.randint(2, 10)])
 
     def diff(self, path: str) -> str:
         old, new = self.snippet().splitlines(), self.snippet().splitlines()
@@ -676,20 +896,36 @@ class _Gen:
         if name == "read_file":
             args, result = {"path": path}, self.code("python", self.tokens(700, 0.6, 9_000))
         elif name == "list_files":
-            args, result = {"path": "."}, "\n".join(sorted(set(rng.choices(b.paths + b.test_paths, k=rng.randint(10, 80)))))
+            args, result = (
+                {"path": "."},
+                "\n".join(sorted(set(rng.choices(b.paths + b.test_paths, k=rng.randint(10, 80))))),
+            )
         elif name == "search_code":
             pattern = rng.choice(b.snake)
             args = {"pattern": pattern, "path": "src"}
-            result = "\n".join(f"{rng.choice(b.paths)}:{rng.randint(1, 900)}:{rng.choice(b.code_lines).strip()}" for _ in range(rng.randint(3, 40)))
+            result = "\n".join(
+                f"{rng.choice(b.paths)}:{rng.randint(1, 900)}:{rng.choice(b.code_lines).strip()}"
+                for _ in range(rng.randint(3, 40))
+            )
         elif name == "edit_file":
             args = {"path": path, "old_str": self.snippet(), "new_str": self.snippet()}
             result = f"The file {path} has been edited. Here is the result of the edit:\n{self.snippet()}"
         elif name == "run_command":
-            args, result = {"command": rng.choice(("python -m build", "make lint", "git status", "python scripts/check.py"))}, self.log(self.tokens(300, 0.8, 4_000))
+            args, result = (
+                {"command": rng.choice(("python -m build", "make lint", "git status", "python scripts/check.py"))},
+                self.log(self.tokens(300, 0.8, 4_000)),
+            )
         else:
             failing = rng.random() < 0.5
-            args, result = {"target": rng.choice(b.test_paths)}, self.test_log(self.tokens(500 if failing else 250, 0.7, 6_000), failing)
-        return {"id": self.call_id(), "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}, result
+            args, result = (
+                {"target": rng.choice(b.test_paths)},
+                self.test_log(self.tokens(500 if failing else 250, 0.7, 6_000), failing),
+            )
+        return {
+            "id": self.call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args)},
+        }, result
 
     def openai_agentic(self) -> dict[str, Any]:
         rng, b = self.rng, self.b
@@ -697,17 +933,32 @@ class _Gen:
         path = rng.choice(b.paths)
         system = f"You are a coding agent working in a Python repository. {self.prose(self.tokens(350, 0.5, 1_500))}"
         task = rng.choice(b.tasks)
-        user = f"{task}\n\n```\n{self.test_log(self.tokens(300, 0.6, 3_000), True)}\n```" if rng.random() < 0.4 else task
+        user = (
+            f"{task}\n\n```\n{self.test_log(self.tokens(300, 0.6, 3_000), True)}\n```" if rng.random() < 0.4 else task
+        )
         messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        plan = ["list_files"] * (rng.random() < 0.5) + ["search_code"] * (rng.random() < 0.6) + ["read_file"] * rng.randint(1, 3)
+        plan = (
+            ["list_files"] * (rng.random() < 0.5)
+            + ["search_code"] * (rng.random() < 0.6)
+            + ["read_file"] * rng.randint(1, 3)
+        )
         plan += ["run_tests", "edit_file"] * rng.randint(1, 2) + ["run_command"] * (rng.random() < 0.3) + ["run_tests"]
         for name in plan:
             call, result = self.agent_step(name, path if rng.random() < 0.7 else rng.choice(b.paths + b.test_paths))
-            message = {"role": "assistant", "content": "" if rng.random() < 0.5 else rng.choice(b.sentences), "tool_calls": [call]}
+            message = {
+                "role": "assistant",
+                "content": "" if rng.random() < 0.5 else rng.choice(b.sentences),
+                "tool_calls": [call],
+            }
             if think:
                 message["reasoning_content"] = self.thinking(40)
             messages += [message, {"role": "tool", "tool_call_id": call["id"], "content": result}]
-        messages.append({"role": "assistant", "content": f"{self.prose(self.tokens(80, 0.6, 800))}\n\n```diff\n{self.diff(path)}\n```"})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"{self.prose(self.tokens(80, 0.6, 800))}\n\n```diff\n{self.diff(path)}\n```",
+            }
+        )
         return {"messages": messages, "tools": _AGENT_SCHEMAS}
 
 
@@ -767,8 +1018,12 @@ def write_shard(output_dir: str | Path, spec: CorpusSpec, shard: Shard) -> dict[
             stats[category]["rows"] += 1
             stats[category]["content_chars"] += content_chars(row)
     os.replace(tmp, path)
-    return {"rows": len(order), "bytes": path.stat().st_size,
-            "content_chars": sum(s["content_chars"] for s in stats.values()), "categories": stats}
+    return {
+        "rows": len(order),
+        "bytes": path.stat().st_size,
+        "content_chars": sum(s["content_chars"] for s in stats.values()),
+        "categories": stats,
+    }
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
@@ -780,7 +1035,9 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def _summary(spec: CorpusSpec, files: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Counts per category and per format and character totals, from per-file stats."""
     categories = {c: {"rows": 0, "content_chars": 0} for c in CATEGORIES}
-    formats = {f: {"rows": 0, "files": 0, "bytes": 0, "content_chars": 0, "categories": {}} for f in FORMATS}
+    formats: dict[str, dict[str, Any]] = {
+        f: {"rows": 0, "files": 0, "bytes": 0, "content_chars": 0, "categories": {}} for f in FORMATS
+    }
     for relpath, stats in files.items():
         fmt = formats[relpath.split("/")[0]]
         fmt["files"] += 1
@@ -791,8 +1048,13 @@ def _summary(spec: CorpusSpec, files: dict[str, dict[str, Any]]) -> dict[str, An
             categories[c]["rows"] += s["rows"]
             categories[c]["content_chars"] += s["content_chars"]
     total = {k: sum(f[k] for f in formats.values()) for k in ("rows", "files", "bytes", "content_chars")}
-    return {"spec": asdict(spec), "counts": {c: s["rows"] for c, s in categories.items()},
-            "categories": categories, "formats": formats, "total": total}
+    return {
+        "spec": asdict(spec),
+        "counts": {c: s["rows"] for c, s in categories.items()},
+        "categories": categories,
+        "formats": formats,
+        "total": total,
+    }
 
 
 def write_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dict[str, int]:
@@ -809,7 +1071,9 @@ def write_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dic
     if manifest_path.exists():
         previous = json.loads(manifest_path.read_text())
         if previous["spec"] != asdict(spec):
-            raise ValueError(f"{out} holds a corpus of spec {previous['spec']}, not {asdict(spec)}; use an empty output_dir")
+            raise ValueError(
+                f"{out} holds a corpus of spec {previous['spec']}, not {asdict(spec)}; use an empty output_dir"
+            )
         files = previous["files"]
     out.mkdir(parents=True, exist_ok=True)
     shards = plan_shards(spec)
@@ -821,4 +1085,5 @@ def write_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dic
     summary = _summary(spec, files)
     assert summary["counts"] == category_counts(spec.num_samples), "written rows differ from the plan"
     _write_json(manifest_path, {**summary, "complete": True, "files": files})
-    return summary["counts"]
+    counts: dict[str, int] = summary["counts"]
+    return counts

@@ -67,6 +67,8 @@ class PreparedOutput:
                     f"data.output {self.url} holds a run with a different {what}; "
                     "set a new data.output or delete the old one to start over"
                 )
+            for leftover in self.fs.glob(self._path("**", "*.tmp-*")):  # from a killed run; one run per output at a time
+                self.fs.rm(leftover)
             return
         with tempfile.TemporaryDirectory() as tmp:
             tok.save_pretrained(tmp)

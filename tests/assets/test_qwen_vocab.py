@@ -2,9 +2,12 @@
 
 import importlib.util
 import time
+import unicodedata
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from raypipe.assets import qwen_vocab
@@ -71,6 +74,13 @@ def test_chat_template_is_the_strict_one(qwen_tokenizer: PreTrainedTokenizerFast
 @pytest.mark.parametrize("text", ["naïve café 🤖🚀", "中文测试：你好，世界！", "  two  spaces\n\n\ttab", "x = [1, 2]\n"])
 def test_byte_level_round_trip(qwen_tokenizer: PreTrainedTokenizerFast, text: str) -> None:
     assert qwen_tokenizer.decode(qwen_tokenizer.encode(text, add_special_tokens=False)) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=64))
+def test_any_text_round_trips_up_to_nfc(qwen_tokenizer: PreTrainedTokenizerFast, text: str) -> None:
+    ids = qwen_tokenizer.encode(text, add_special_tokens=False)
+    assert qwen_tokenizer.decode(ids) == unicodedata.normalize("NFC", text)
 
 
 def test_input_is_nfc_normalised(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
