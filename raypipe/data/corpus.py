@@ -154,21 +154,9 @@ _ADJECTIVES = (
 ).split()
 _WORDS = _FUNCTION_WORDS + _NOUNS + _VERBS + _ADJECTIVES
 # Identifiers in generated code must not be Python keywords or JavaScript reserved words.
-_RESERVED = set(keyword.kwlist) | {
-    "class",
-    "delete",
-    "new",
-    "default",
-    "function",
-    "public",
-    "private",
-    "static",
-    "this",
-    "try",
-    "catch",
-    "return",
-    "switch",
-}
+_RESERVED = set(keyword.kwlist) | set(
+    "class delete new default function public private static this try catch return".split()
+)
 _CODE_NOUNS = [w for w in _NOUNS if w not in _RESERVED]
 _CODE_VERBS = [w for w in _VERBS if w not in _RESERVED]
 _CODE_ADJECTIVES = [w for w in _ADJECTIVES if w not in _RESERVED]
@@ -182,7 +170,6 @@ _PY_IMPORTS = (
     "import re",
     "import json",
     "import time",
-    "import logging",
     "import argparse",
     "import asyncio",
     "import hashlib",
@@ -233,8 +220,11 @@ class _Banks:
         self.small_code = {lang: [c for c in bank if len(c) < 400] for lang, bank in self.code.items()}
         self.tests = [self._py_test(rng) for _ in range(1_500)]
         self.headers = {
-            "python": [self._header(rng, _PY_IMPORTS, "\n\nlogger = logging.getLogger(__name__)") for _ in range(200)],
-            "javascript": [self._header(rng, _JS_IMPORTS, "") for _ in range(200)],
+            "python": [
+                self._header(rng, _PY_IMPORTS, "import logging", "\n\nlogger = logging.getLogger(__name__)")
+                for _ in range(200)
+            ],
+            "javascript": [self._header(rng, _JS_IMPORTS, "", "") for _ in range(200)],
         }
         self.code_lines = [ln for block in self.code["python"][:800] for ln in block.splitlines() if ln.strip()]
         self.log_lines = [self._log_line(rng) for _ in range(6_000)]
@@ -280,8 +270,9 @@ class _Banks:
         extra = rng.choices(self.sentences, k=rng.choice((0, 0, 0, 1, 1, 2, 3, 6)))
         return " ".join([head, *extra])
 
-    def _header(self, rng: random.Random, imports: tuple[str, ...], tail: str) -> str:
-        return "\n".join(sorted(rng.sample(imports, rng.randint(2, 6)))) + tail
+    def _header(self, rng: random.Random, imports: tuple[str, ...], needed: str, tail: str) -> str:
+        """Import lines for a module; `needed` is what the tail uses (the logger needs logging)."""
+        return "\n".join(sorted({needed, *rng.sample(imports, rng.randint(2, 6))} - {""})) + tail
 
     def _names(self, rng: random.Random, k: int) -> list[str]:
         return rng.sample(self.vars, k)
@@ -306,18 +297,18 @@ class _Banks:
                 lines.append(pad + header)
                 self._py_block(rng, lines, names, depth + 1, rng.randint(1, 3))
                 continue
-            new = rng.choice(self.vars)
+            new, noun = rng.choice(self.vars), rng.choice(_CODE_NOUNS)
             lines.append(
                 pad
                 + rng.choice(
                     (
                         f"{new} = {a}.{rng.choice(_CODE_VERBS)}({b})",
-                        f"{new} = [item.{rng.choice(_CODE_NOUNS)} for item in {a} if item.{rng.choice(_CODE_ADJECTIVES)}]",
-                        f'{new} = {{"{rng.choice(_CODE_NOUNS)}": {a}, "{rng.choice(_CODE_NOUNS)}": {rng.randint(0, 999)}}}',
-                        f"{a}.{rng.choice(self.snake)}({b}, {rng.choice(_CODE_NOUNS)}={rng.randint(0, 64)})",
+                        f"{new} = [item.{noun} for item in {a} if item.{rng.choice(_CODE_ADJECTIVES)}]",
+                        f'{new} = {{"{noun}": {a}, "{rng.choice(_CODE_NOUNS)}": {rng.randint(0, 999)}}}',
+                        f"{a}.{rng.choice(self.snake)}({b}, {noun}={rng.randint(0, 64)})",
                         f'logger.{rng.choice(("info", "debug", "warning"))}("{self._short(rng)[:-1]} %s", {a})',
                         f"{new} = {a} * {rng.randint(2, 16)} + len({b})",
-                        f'{new} = f"{{{a}}}/{rng.choice(_CODE_NOUNS)}-{{{b}}}"',
+                        f'{new} = f"{{{a}}}/{noun}-{{{b}}}"',
                     )
                 )
             )
@@ -352,9 +343,9 @@ class _Banks:
         lines, declared = [head], set(args)
         for _ in range(rng.randint(2, 9)):
             a, b = rng.choice(args), rng.choice(args)
-            kind = rng.random()
-            if kind < 0.1:
+            if rng.random() < 0.1:
                 lines.append(f"  // {self._short(rng)}")
+            kind = rng.random()
             if kind < 0.2:
                 lines += [f"  if (!{a}) {{", f'    throw new Error("{self._short(rng)[:-1]}");', "  }"]
             elif kind < 0.35:
@@ -370,14 +361,15 @@ class _Banks:
                     )
                 )
             else:
-                new = rng.choice(_CODE_NOUNS) + rng.choice(_CODE_NOUNS).capitalize()
+                noun = rng.choice(_CODE_NOUNS)
+                new = noun + rng.choice(_CODE_NOUNS).capitalize()
                 if new in declared:
                     continue
                 lines.append(
                     "  "
                     + rng.choice(
                         (
-                            f"const {new} = {a}.{rng.choice(('map', 'filter', 'find', 'some'))}((item) => item.{rng.choice(_CODE_NOUNS)});",
+                            f"const {new} = {a}.{rng.choice(('map', 'filter', 'find'))}((item) => item.{noun});",
                             f"let {new} = {rng.randint(0, 500)};",
                             f"const {new} = await fetch(`/api/{noun}/${{{a}}}`);",
                         )
@@ -400,26 +392,28 @@ class _Banks:
         )
 
     def _log_line(self, rng: random.Random) -> str:
-        stamp = f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} {rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d},{rng.randint(0, 999):03d}"
+        day = f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+        clock = f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d}:{rng.randint(0, 59):02d},{rng.randint(0, 999):03d}"
         level = rng.choices(("INFO", "DEBUG", "WARNING", "ERROR"), (60, 25, 10, 5))[0]
-        return f"{stamp} {level} {rng.choice(('worker', 'api', 'scheduler', 'db'))}.{rng.choice(_NOUNS)}: {self._short(rng)}"
+        source = f"{rng.choice(('worker', 'api', 'scheduler', 'db'))}.{rng.choice(_NOUNS)}"
+        return f"{day} {clock} {level} {source}: {self._short(rng)}"
 
 
 _OPENERS = {
     "question": (
-        "What is the best way to {verb} a {adj} {noun}?",
+        "What is the best way to {verb} the {adj} {noun}?",
         "How do I {verb} the {noun} in {lang}?",
         "Why does my {noun} {verb} so slowly?",
         "What is the difference between a {noun} and a {noun2}?",
-        "Can you explain how a {adj} {noun} works?",
+        "Can you explain how the {adj} {noun} works?",
         "Is it a good idea to {verb} every {noun}?",
     ),
     "instruction": (
         "Summarize the following text in {n} sentences.",
         "Rewrite the paragraph below so it sounds more formal.",
-        "Explain the idea of a {adj} {noun} to a new student.",
+        "Explain the idea of the {adj} {noun} to a new student.",
         "List the pros and cons of this {noun} plan.",
-        "Give me {n} ideas for a {adj} {noun} project.",
+        "Give me {n} ideas for the {adj} {noun} project.",
         "Write an email to {name} about the {noun} meeting.",
         "Extract the key points from this {noun} report.",
         "Turn these notes into a clear {noun} plan.",
@@ -428,7 +422,7 @@ _OPENERS = {
     ),
     "code": (
         "Write a {lang} function that can {verb} a list of {noun} objects.",
-        "Implement a {lang} class for a {adj} {noun} cache with a size limit.",
+        "Implement a {lang} class for the {adj} {noun} cache with a size limit.",
         "Refactor this code so it is easier to test.",
         "Find the bug in the following code.",
         "Write unit tests for this function.",
@@ -443,7 +437,7 @@ _OPENERS = {
         "Write a short story about a {noun} in {city}.",
         "Write a poem about the {noun} and the {noun2}.",
         "Draft a blog post on how to {verb} a {noun}.",
-        "Write a product description for a {adj} {noun}.",
+        "Write a product description for the {adj} {noun}.",
         "Write a speech for {name} about {adj} {noun} policy.",
     ),
     "paste": (
@@ -456,7 +450,7 @@ _OPENERS = {
 _FOLLOW_UPS = (
     "Can you make it shorter?",
     "Thanks. Now {verb} the {noun} as well.",
-    "What about a {adj} {noun}?",
+    "What about the {adj} {noun}?",
     "Could you give an example in {lang}?",
     "Why is that better than using a {noun2}?",
     "Please explain the second point in more detail.",
@@ -641,10 +635,8 @@ class _Gen:
 
     def request(self) -> tuple[str, str | None]:
         """A user request as (instruction, material or None): the prompt-only workhorse."""
-        rng, kind = (
-            self.rng,
-            self.rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12.4, 0.6))[0],
-        )
+        rng = self.rng
+        kind = rng.choices(("question", "instruction", "code", "writing", "paste"), (20, 40, 27, 12.4, 0.6))[0]
         opener = rng.choice(self.b.requests[kind])
         if kind == "question":
             return (opener if rng.random() < 0.6 else f"{self.prose(self.tokens(25, 0.7, 400))} {opener}"), None
@@ -673,7 +665,8 @@ class _Gen:
         rng, text = self.rng, self.prose(self.tokens(median, 0.8, 3_000))
         r = rng.random()
         if r < 0.2:
-            return f"{text}\n\n{self.fenced(self.language(), self.tokens(60, 0.7, 2_000))}\n\n{rng.choice(self.b.sentences)}"
+            block = self.fenced(self.language(), self.tokens(60, 0.7, 2_000))
+            return f"{text}\n\n{block}\n\n{rng.choice(self.b.sentences)}"
         if r < 0.35:
             items = "\n".join(f"{i}. {s}" for i, s in enumerate(rng.choices(self.b.sentences, k=rng.randint(3, 7)), 1))
             return f"{rng.choice(self.b.sentences)}\n\n{items}"
@@ -709,7 +702,8 @@ class _Gen:
             "date": lambda: f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}",
             "order_id": lambda: f"ORD-{rng.randint(10_000, 99_999)}",
             "sql": lambda: (
-                f"SELECT {rng.choice(_NOUNS)}, COUNT(*) FROM {rng.choice(_NOUNS)}s WHERE {rng.choice(_NOUNS)} > {rng.randint(1, 99)} GROUP BY 1"
+                f"SELECT {rng.choice(_NOUNS)}, COUNT(*) FROM {rng.choice(_NOUNS)}s"
+                f" WHERE {rng.choice(_NOUNS)} > {rng.randint(1, 99)} GROUP BY 1"
             ),
             "body": lambda: self.prose(self.tokens(60, 0.6, 600)),
         }
@@ -717,7 +711,7 @@ class _Gen:
 
     def tool_result(self, name: str) -> str:
         rng = self.rng
-        if name == "search_web" or name == "search_products":
+        if name in ("search_web", "search_products"):
             items = [
                 {
                     "title": rng.choice(self.b.short_sentences)[:-1],
@@ -841,8 +835,8 @@ class _Gen:
         for m in messages:
             if m["role"] == "assistant" and "tool_calls" in m:
                 calls = "\n".join(
-                    f"<tool_call>\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}\n</tool_call>"
-                    for c in m["tool_calls"]
+                    f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+                    for name, args in (c["function"].values() for c in m["tool_calls"])
                 )
                 turns.append({"from": "gpt", "value": f"{m['content']}\n{calls}" if m["content"] else calls})
             elif m["role"] != "system":
@@ -901,8 +895,7 @@ class _Gen:
                 "\n".join(sorted(set(rng.choices(b.paths + b.test_paths, k=rng.randint(10, 80))))),
             )
         elif name == "search_code":
-            pattern = rng.choice(b.snake)
-            args = {"pattern": pattern, "path": "src"}
+            args = {"pattern": rng.choice(b.snake), "path": "src"}
             result = "\n".join(
                 f"{rng.choice(b.paths)}:{rng.randint(1, 900)}:{rng.choice(b.code_lines).strip()}"
                 for _ in range(rng.randint(3, 40))
@@ -975,7 +968,7 @@ _BUILDERS: dict[tuple[str, str], Callable[[_Gen], dict[str, Any]]] = {
 }
 
 
-def content_chars(row: dict[str, Any]) -> int:
+def _content_chars(row: dict[str, Any]) -> int:
     """Characters of text a chat template would render (contents, reasoning, call arguments)."""
     if "messages" in row:
         total = 0
@@ -997,7 +990,8 @@ def content_chars(row: dict[str, Any]) -> int:
 def write_shard(output_dir: str | Path, spec: CorpusSpec, shard: Shard) -> dict[str, Any]:
     """Writes one file (temp name, then rename) and returns its stats for the manifest.
 
-    The Random is seeded from (seed, format, index) only, so any file can be made alone.
+    The Random is seeded from (seed, format, index) alone and the category counts come from
+    the plan, so any file can be made on its own, in any process, with the same bytes.
     """
     rng = random.Random(f"raypipe-corpus/{spec.seed}/{shard.fmt}/{shard.index}")
     gen = _Gen(rng)
@@ -1016,7 +1010,7 @@ def write_shard(output_dir: str | Path, spec: CorpusSpec, shard: Shard) -> dict[
             f.write(json.dumps(row))
             f.write("\n")
             stats[category]["rows"] += 1
-            stats[category]["content_chars"] += content_chars(row)
+            stats[category]["content_chars"] += _content_chars(row)
     os.replace(tmp, path)
     return {
         "rows": len(order),
@@ -1072,12 +1066,12 @@ def write_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dic
         previous = json.loads(manifest_path.read_text())
         if previous["spec"] != asdict(spec):
             raise ValueError(
-                f"{out} holds a corpus of spec {previous['spec']}, not {asdict(spec)}; use an empty output_dir"
+                f"{out} holds a corpus of spec {previous['spec']}, not {asdict(spec)}; "
+                "delete it or use an empty output_dir"
             )
         files = previous["files"]
     out.mkdir(parents=True, exist_ok=True)
-    shards = plan_shards(spec)
-    for shard in shards:
+    for shard in plan_shards(spec):
         path, recorded = out / shard.relpath, files.get(shard.relpath)
         if recorded is None or not path.exists() or path.stat().st_size != recorded["bytes"]:
             files[shard.relpath] = write_shard(out, spec, shard)
