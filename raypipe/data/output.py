@@ -20,16 +20,18 @@ import json
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
-from transformers import PreTrainedTokenizerBase
 
 from raypipe import __version__
 from raypipe.data.prepare import HISTOGRAM_EDGES, ShardResult
 from raypipe.data.sources import Chunk, filesystem
 
-COUNT_KEYS = ("rows_in", "blank_lines", "split_extra", "rows_kept", "rows_rejected", "needs_response", "truncated", "tokens", "loss_tokens")
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+COUNT_KEYS = ("rows_in", "blank_lines", "split_extra", "rows_kept", "rows_rejected", "needs_response", "truncated", "tokens_tokenized", "tokens", "loss_tokens")
 
 
 def shard_name(index: int) -> str:

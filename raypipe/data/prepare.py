@@ -69,6 +69,7 @@ class _Counts:
     split_extra: int = 0
     rows_kept: int = 0
     needs_response: int = 0
+    tokens_tokenized: int = 0  # before the length policy: the tokenizer's work, for throughput
     tokens: int = 0
     loss_tokens: int = 0
     truncated: int = 0
@@ -169,6 +170,7 @@ class ShardPreparer:
         supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=len(texts))
         mask = np.repeat(supervised, lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
+        counts.tokens_tokenized += len(flat)
 
         ids_out, mask_out, list_offsets = [], [], [0]
         columns: dict[str, list[Any]] = {k: [] for k in ("sample_id", "source", "num_tokens", "num_loss_tokens", "needs_response", "prompt_len")}
@@ -244,6 +246,7 @@ def _stats(chunk: Chunk, counts: _Counts, n_rejected: int) -> dict[str, Any]:
         "rows_rejected": n_rejected,
         "needs_response": counts.needs_response,
         "truncated": counts.truncated,
+        "tokens_tokenized": counts.tokens_tokenized,
         "tokens": counts.tokens,
         "loss_tokens": counts.loss_tokens,
         "rejects_by_code": dict(sorted(counts.rejects.items())),

@@ -15,6 +15,12 @@ per assistant turn.
 
 The output is a list of pieces (text, supervised) per row: tokenizing each
 piece separately keeps BPE from merging a token across a mask boundary.
+
+A prompt-only conversation (the common case) is rendered once, with the
+generation prompt; the placeholder's rendered form is appended as the
+template renders it after a reference prompt. That text is never trained on
+and is replaced by the target's reply before training, so the second render
+per row that would only confirm it is not spent.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jinja2 import TemplateError
-from transformers.utils.chat_template_utils import render_jinja_template
+from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 from raypipe.data.formats import Conversation, Reject
 
@@ -68,6 +74,18 @@ class ChatRenderer:
         # special tokens that no content may spell out: they would tokenize as control tokens
         self.reserved = re.compile("|".join(map(re.escape, sorted(reserved, key=len, reverse=True))) or "(?!)")
         self.has_markers = bool(_GENERATION_TAG.search(chat_template))
+        _memoize_sandbox_verdicts(_compile_jinja_template(chat_template).environment)
+        self.placeholder_tail = self._placeholder_tail()
+
+    def _placeholder_tail(self) -> str | None:
+        """How the template renders the placeholder reply after a generation prompt; None if it does not extend it."""
+        user = {"role": "user", "content": "Hello"}
+        try:
+            prompt, _ = self._render([user], None, True)
+            full, _ = self._render([user, {"role": "assistant", "content": self.placeholder}], None, False)
+        except Reject:
+            return None
+        return full[len(prompt) :] if full.startswith(prompt) and self.placeholder in full[len(prompt) :] else None
 
     def _render(self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool, markers: bool = False) -> tuple[str, list]:
         try:
@@ -97,6 +115,9 @@ class ChatRenderer:
         messages = list(conv.messages)
         self._check_reserved(messages)
         needs_response = messages[-1]["role"] != "assistant"
+        if needs_response and self.placeholder_tail and not any(m["role"] == "assistant" for m in messages):
+            prompt, _ = self._render(messages, conv.tools, True)
+            return [Segmented([(prompt, False), (self.placeholder_tail, False)], 1, True, None)]
         if needs_response:
             messages.append({"role": "assistant", "content": self.placeholder})
         if self.has_markers:
@@ -144,6 +165,31 @@ class ChatRenderer:
         turns = [_Turn(-1, s, e, full, True) for s, e in blocks]
         turns[-1].supervised = not needs_response
         return _cut(full, turns, needs_response, None)
+
+
+def _memoize_sandbox_verdicts(env: Any) -> None:
+    """Cache the Jinja sandbox's attribute verdicts per (type, attribute name).
+
+    transformers renders templates in jinja2's ImmutableSandboxedEnvironment, whose
+    `is_safe_attribute` looks only at the object's type and the attribute's name
+    (private and internal names, mutating methods of known mutable types). A
+    verdict cached per (type, name) is therefore exact, the sandbox stays in
+    force, and rendering gets about a quarter cheaper.
+    """
+    if getattr(env, "_raypipe_memoized", False):
+        return
+    decide = type(env).is_safe_attribute
+    verdicts: dict[tuple[type, str], bool] = {}
+
+    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
+        key = (type(obj), attr)
+        verdict = verdicts.get(key)
+        if verdict is None:
+            verdict = verdicts[key] = decide(env, obj, attr, value)
+        return verdict
+
+    env.is_safe_attribute = is_safe_attribute
+    env._raypipe_memoized = True
 
 
 def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None) -> Segmented:

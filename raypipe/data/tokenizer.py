@@ -11,12 +11,13 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from raypipe.assets.templates import TEMPLATE_NAMES, load_template
 from raypipe.config import DataConfig
+
+if TYPE_CHECKING:  # transformers (and torch) load only on the driver; actors need just the spec
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class TokenizerSpec:
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     if name == "builtin:qwen":
         from raypipe.assets.qwen_vocab import qwen_tokenizer_dir
 
