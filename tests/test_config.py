@@ -36,7 +36,7 @@ def test_unknown_template_and_recipe_are_explained():
 def test_bad_override_syntax():
     with pytest.raises(ValueError, match="key=value"):
         parse_overrides(["data.max_length"])
-    with pytest.raises(ValueError, match="list of 1"):
+    with pytest.raises(ValueError, match="list of 3"):
         load_config("debug_cpu", ["data.sources.3.path=x"])
 
 
