@@ -1,0 +1,46 @@
+"""The command line and the job entrypoint, as a user runs them."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, **kw)
+
+
+def test_help_lists_subcommands_and_overrides():
+    top = run("-m", "raypipe.cli", "--help")
+    assert top.returncode == 0 and "prepare" in top.stdout and "corpus" in top.stdout
+    prepare = run("-m", "raypipe.cli", "prepare", "--help")
+    assert prepare.returncode == 0 and "--recipe" in prepare.stdout and "key=value" in prepare.stdout
+
+
+def test_invalid_override_fails_early_naming_the_field():
+    out = run("-m", "raypipe.cli", "prepare", "--recipe", "debug_cpu", "data.overlength=cut")
+    assert out.returncode == 2
+    assert "data.overlength" in out.stderr and "'truncate' or 'reject'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_missing_input_is_explained(tmp_path):
+    out = run("-m", "raypipe.cli", "prepare", "--recipe", "debug_cpu", f"data.sources=[{{path: '{tmp_path}/none/*.jsonl'}}]", f"data.output={tmp_path}/o")
+    assert out.returncode == 2 and "no .jsonl, .jsonl.gz or .parquet files match" in out.stderr
+
+
+@pytest.mark.integration
+def test_prepare_job_end_to_end_on_the_bundled_sample(tmp_path):
+    env = {**os.environ, "RAY_ADDRESS": "local"}
+    out = run("jobs/prepare_data.py", "--recipe", "debug_cpu", f"data.output={tmp_path}/prepared", env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    manifest = json.loads((tmp_path / "prepared/manifest.json").read_text())
+    c = manifest["counts"]
+    assert c["rows_in"] == 3000 and c["rows_in"] + c["split_extra"] == c["rows_kept"] + c["rows_rejected"]
+    assert c["needs_response"] > 2000 and c["loss_tokens"] > 0
+    assert sorted(s["file"] for s in manifest["shards"]) == sorted(f"data/{p.name}" for p in (tmp_path / "prepared/data").iterdir())
