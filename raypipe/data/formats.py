@@ -10,6 +10,7 @@ than crashing the job or vanishing.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,15 +85,20 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def _turns(record: dict[str, Any], key: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, turn) for a list of objects under `key`."""
+    turns = record[key]
+    if not isinstance(turns, list):
+        raise _bad("bad_messages", f"{key} must be a list, got {type(turns).__name__}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise _bad("bad_messages", f"{key}[{i}] must be an object, got {type(turn).__name__}")
+        yield f"{key}[{i}]", turn
+
+
 def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
-    messages = record["messages"]
-    if not isinstance(messages, list):
-        raise _bad("bad_messages", f"messages must be a list, got {type(messages).__name__}")
     out = []
-    for i, msg in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise _bad("bad_messages", f"{where} must be an object, got {type(msg).__name__}")
+    for where, msg in _turns(record, "messages"):
         role = msg.get("role")
         if role not in ROLES:
             raise _bad("unknown_role", f"{where} role {role!r} is not one of {', '.join(ROLES)}")
@@ -119,14 +125,8 @@ def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
 
 
 def _sharegpt(record: dict[str, Any]) -> list[dict[str, Any]]:
-    turns = record["conversations"]
-    if not isinstance(turns, list):
-        raise _bad("bad_messages", f"conversations must be a list, got {type(turns).__name__}")
     out = []
-    for i, turn in enumerate(turns):
-        where = f"conversations[{i}]"
-        if not isinstance(turn, dict):
-            raise _bad("bad_messages", f"{where} must be an object, got {type(turn).__name__}")
+    for where, turn in _turns(record, "conversations"):
         role = SHAREGPT_ROLES.get(turn.get("from"))  # type: ignore[arg-type]
         if role is None:
             raise _bad("unknown_role", f"{where} from {turn.get('from')!r} is not one of {', '.join(SHAREGPT_ROLES)}")

@@ -74,7 +74,7 @@ class ChatRenderer:
         # special tokens that no content may spell out: they would tokenize as control tokens
         self.reserved = re.compile("|".join(map(re.escape, sorted(reserved, key=len, reverse=True))) or "(?!)")
         self.has_markers = bool(_GENERATION_TAG.search(chat_template))
-        _memoize_sandbox_verdicts(_compile_jinja_template(chat_template).environment)
+        _speed_up_sandbox(_compile_jinja_template(chat_template).environment)
         self.placeholder_tail = self._placeholder_tail()
 
     def _placeholder_tail(self) -> str | None:
@@ -167,29 +167,45 @@ class ChatRenderer:
         return _cut(full, turns, needs_response, None)
 
 
-def _memoize_sandbox_verdicts(env: Any) -> None:
-    """Cache the Jinja sandbox's attribute verdicts per (type, attribute name).
+_DICT_ATTRIBUTES = frozenset(dir(dict))
 
-    transformers renders templates in jinja2's ImmutableSandboxedEnvironment, whose
-    `is_safe_attribute` looks only at the object's type and the attribute's name
-    (private and internal names, mutating methods of known mutable types). A
-    verdict cached per (type, name) is therefore exact, the sandbox stays in
-    force, and rendering gets about a quarter cheaper.
+
+def _speed_up_sandbox(env: Any) -> None:
+    """Make transformers' Jinja sandbox cheaper without changing what it allows or returns.
+
+    transformers renders templates in jinja2's ImmutableSandboxedEnvironment, where
+    templates spend most of their time in attribute look-ups. Two exact shortcuts:
+    - `is_safe_attribute` looks only at the object's type and the attribute's name
+      (private and internal names, mutating methods of known mutable types), so
+      its verdict is cached per (type, name);
+    - `message.role` on a plain dict: the sandbox first tries a Python attribute,
+      which a dict has only for its own methods, then the key; for names that are
+      not dict methods the key is looked up directly.
+    Rendering gets about a quarter cheaper; the sandbox stays in force.
     """
-    if getattr(env, "_raypipe_memoized", False):
+    if getattr(env, "_raypipe_fast", False):
         return
-    decide = type(env).is_safe_attribute
+    cls = type(env)
     verdicts: dict[tuple[type, str], bool] = {}
 
     def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
         key = (type(obj), attr)
         verdict = verdicts.get(key)
         if verdict is None:
-            verdict = verdicts[key] = decide(env, obj, attr, value)
+            verdict = verdicts[key] = cls.is_safe_attribute(env, obj, attr, value)
         return verdict
 
+    def getattr_(obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
+            try:
+                return obj[attribute]
+            except KeyError:
+                return env.undefined(obj=obj, name=attribute)
+        return cls.getattr(env, obj, attribute)
+
     env.is_safe_attribute = is_safe_attribute
-    env._raypipe_memoized = True
+    env.getattr = getattr_
+    env._raypipe_fast = True
 
 
 def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None) -> Segmented:

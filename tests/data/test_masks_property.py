@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
@@ -163,3 +164,23 @@ def test_generation_marker_mask_equals_transformers(messages):
         assert any(r[:1] in ("\r", "\n") for r in replies), replies
         got = ["".join(tok.decode(row["ids"][a:b])) for a, b in runs(row["mask"])]
         assert all(g.endswith("<|im_end|>") for g in got) and len(got) == len(replies)
+
+
+@SETTINGS
+@given(conversations(), st.booleans(), st.sampled_from(["qwen_strict", "generation_markers", "chatml"]))
+def test_faster_sandbox_renders_exactly_like_a_fresh_one(messages, gen_prompt, template):
+    """The renderer's sandbox shortcuts must not change a single character."""
+    from transformers.utils.chat_template_utils import _cached_compile_jinja_template
+
+    chat = _parts(template, False)[0]
+    fresh = _cached_compile_jinja_template(chat.template)  # a new, untouched environment
+    assert not getattr(fresh.environment, "_raypipe_fast", False)
+    msgs = normalize({"messages": messages}).messages
+    try:
+        expected = fresh.render(messages=msgs, tools=TOOLS, documents=None, add_generation_prompt=gen_prompt, **chat.kwargs)
+    except Exception as err:  # the template refuses: so must the renderer
+        with pytest.raises(Reject):
+            chat._render(msgs, TOOLS, gen_prompt)
+        assert type(err).__name__ in ("TemplateError", "TemplateRuntimeError")
+        return
+    assert chat._render(msgs, TOOLS, gen_prompt)[0] == expected

@@ -132,3 +132,11 @@ def test_reply_starting_with_newline_is_not_merged_into_the_prompt(tmp_path):
 def test_generation_marker_template_masks_reply_and_end_of_turn():
     [seg] = renderer("generation_markers").segment(conv(USER, ANSWER))
     assert supervised_text(seg) == "4<|im_end|>"
+
+
+def test_the_faster_sandbox_still_refuses_unsafe_calls():
+    from raypipe.data.render import ChatRenderer
+
+    chat = ChatRenderer("{% for m in messages %}{{ m.content }}{% endfor %}{{ messages.pop() }}", {}, "<|im_end|>", "OK.", [])
+    with pytest.raises(Reject, match="unsafe"):
+        chat.segment(conv(USER, ANSWER))
