@@ -5,11 +5,13 @@
 1. writes a slice of the synthetic reference corpus;
 2. runs the whole data stage (Ray Data, local cluster) with 1 actor on 1 CPU,
    then 2 actors on 2 CPUs, timing each end to end (actor start-up included);
-3. renders the same rows with the same template (untimed) and times the raw
+3. runs the same stage code in this process without Ray (read, prepare, write
+   every shard, one thread) to separate Ray's overhead from the stage's own;
+4. renders the same rows with the same template (untimed) and times the raw
    tokenizer on exactly those texts, on one thread: the Rust backend's batch
    call (the floor any stage pays) and the transformers tokenizer's batch call
    (what a hand-written script would use);
-4. prints tokens/s per CPU and the ratios.
+5. prints tokens/s per CPU and the ratios.
 """
 
 from __future__ import annotations
@@ -45,6 +47,22 @@ def stage(corpus: Path, cpus: int, tag: str) -> tuple[float, dict]:
     start = time.perf_counter()
     manifest = run_prepare(cfg)
     return time.perf_counter() - start, manifest["counts"]
+
+
+def in_process(corpus: Path) -> tuple[float, int]:
+    """The stage's work on one thread with no Ray: plan, prepare and write every shard."""
+    from raypipe.data.output import PreparedOutput
+    from raypipe.data.tokenizer import resolve_tokenizer
+
+    output = OUT / "prepared-inprocess"
+    shutil.rmtree(output, ignore_errors=True)
+    cfg = load_config("debug_cpu", [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", "data.chunk_bytes=8388608"]).data
+    _, spec = resolve_tokenizer(cfg)
+    start = time.perf_counter()
+    preparer, out, tokens = ShardPreparer(cfg, spec), PreparedOutput(cfg.output, {}), 0
+    for chunk in plan_chunks(cfg.sources, {}, cfg.chunk_bytes):
+        tokens += out.write_shard(preparer.prepare(chunk))["tokens_tokenized"]
+    return time.perf_counter() - start, tokens
 
 
 def rendered_texts(corpus: Path) -> tuple[list[str], object, object]:
@@ -85,10 +103,11 @@ def main() -> None:
     ray.shutdown()
     assert c1 == c2
 
+    ti, ni = in_process(corpus)
     texts, backend, tok = rendered_texts(corpus)
     tb, nb = time_tokenizer(lambda b: sum(len(e.ids) for e in backend.encode_batch_fast(b, add_special_tokens=False)), texts, 1024)
     th, nh = time_tokenizer(lambda b: sum(map(len, tok(b, add_special_tokens=False)["input_ids"])), texts, 1024)
-    assert nb == nh == c1["tokens_tokenized"], (nb, nh, c1["tokens_tokenized"])
+    assert nb == nh == ni == c1["tokens_tokenized"], (nb, nh, ni, c1["tokens_tokenized"])
 
     n = c1["tokens_tokenized"]
     s1, s2 = n / t1, n / t2 / 2
@@ -98,13 +117,15 @@ def main() -> None:
         "tokens_tokenized": n,
         "stage_1cpu_tokens_per_s_per_cpu": round(s1),
         "stage_2cpu_tokens_per_s_per_cpu": round(s2),
+        "stage_code_without_ray_tokens_per_s": round(ni / ti),
         "raw_backend_tokens_per_s": round(nb / tb),
         "raw_transformers_tokens_per_s": round(nh / th),
         "ratio_1cpu_vs_backend": round(s1 / (nb / tb), 3),
         "ratio_1cpu_vs_transformers": round(s1 / (nh / th), 3),
         "ratio_2cpu_vs_backend": round(s2 / (nb / tb), 3),
+        "ratio_without_ray_vs_backend": round(ni / ti / (nb / tb), 3),
         "scaling_2cpu_over_1cpu": round(t1 / t2, 3),
-        "wall_s": {"stage_1cpu": round(t1, 1), "stage_2cpu": round(t2, 1), "backend": round(tb, 1), "transformers": round(th, 1)},
+        "wall_s": {"stage_1cpu": round(t1, 1), "stage_2cpu": round(t2, 1), "without_ray": round(ti, 1), "backend": round(tb, 1), "transformers": round(th, 1)},
     }
     print(json.dumps(report, indent=1))
 
