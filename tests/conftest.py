@@ -36,13 +36,37 @@ def renderer(template: str = "qwen_strict", thinking: bool = False, placeholder:
     return ChatRenderer(spec.chat_template, spec.template_kwargs, spec.end_of_turn, placeholder, list(spec.reserved))
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[None]:
+def ray_cluster() -> Iterator[str]:
+    """A real local Ray cluster; yields the URL of its Prometheus metrics endpoint."""
     import ray
 
-    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=False)
-    yield
+    port = free_port()
+    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=False, _metrics_export_port=port)
+    yield f"http://127.0.0.1:{port}/metrics"
     ray.shutdown()
+
+
+def scrape_metrics(url: str, names: list[str], timeout_s: float = 90) -> dict[str, list[str]]:
+    """Prometheus lines for each metric name, polling until all are exported (export is periodic)."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        found = {n: [line for line in body.splitlines() if line.startswith(n + "{")] for n in names}
+        if all(found.values()) or time.monotonic() > deadline:
+            return found
+        time.sleep(2)
 
 
 @pytest.fixture(scope="session")

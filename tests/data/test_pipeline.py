@@ -16,6 +16,7 @@ import ray
 
 from raypipe.config import DataConfig
 from raypipe.data.pipeline import run_prepare
+from tests.conftest import scrape_metrics
 from tests.data.bad_corpus import BAD_ROWS, MAX_ROW_BYTES, corpus_lines
 
 pytestmark = pytest.mark.integration
@@ -94,6 +95,12 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
 
     with pytest.raises(ValueError, match="different config"):
         run_prepare(config(inputs, tmp_path / "out", max_length=65))
+
+    names = ["ray_raypipe_data_rows_total", "ray_raypipe_data_rows_kept_total", "ray_raypipe_data_tokens_total", "ray_raypipe_data_rejects_total"]
+    metrics = scrape_metrics(ray_cluster, names)
+    assert all(metrics.values()), f"not exported: {[n for n, v in metrics.items() if not v]}"
+    assert any('source="mixed"' in line for line in metrics["ray_raypipe_data_rows_total"])
+    assert any('reason="invalid_utf8"' in line for line in metrics["ray_raypipe_data_rejects_total"])
 
 
 def test_killed_run_resumes_to_identical_output(ray_cluster, tmp_path):
