@@ -37,12 +37,12 @@ class TokenizerSpec:
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    if name == "builtin:qwen":
+        from raypipe.assets.qwen_vocab import build_qwen_tokenizer
+
+        return build_qwen_tokenizer()
     from transformers import AutoTokenizer
 
-    if name == "builtin:qwen":
-        from raypipe.assets.qwen_vocab import qwen_tokenizer_dir
-
-        name = str(qwen_tokenizer_dir())
     tok = AutoTokenizer.from_pretrained(name)
     if not tok.is_fast:
         raise ValueError(f"data.tokenizer: {name} has no fast tokenizer; raypipe needs tokenizer.json")
