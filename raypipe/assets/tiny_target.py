@@ -17,7 +17,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from raypipe.assets.qwen_vocab import build_qwen_tokenizer, write_dir_atomically
 
 # Bump whenever the built model changes, so stale directories are refused instead of reused.
-TINY_TARGET_VERSION = "1"
+TINY_TARGET_VERSION = "2"
 
 _STAMP_FILE = "raypipe_tiny_target.json"
 
@@ -30,7 +30,7 @@ def tiny_target_config() -> Qwen3Config:
         num_hidden_layers=4,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=32,  # the smallest head size vLLM's CPU attention supports
         intermediate_size=128,
         max_position_embeddings=4096,
         tie_word_embeddings=False,

@@ -42,7 +42,7 @@ def test_config_is_qwen3_shaped(model: PreTrainedModel) -> None:
     config = model.config
     assert type(model).__name__ == "Qwen3ForCausalLM"
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (151936, 64, 4)
-    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 32)
     assert (config.intermediate_size, config.max_position_embeddings) == (128, 4096)
     assert config.tie_word_embeddings is False
     assert config.eos_token_id == 151645
