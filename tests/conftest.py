@@ -101,3 +101,11 @@ def prepare_records(tmp_path: Any, records: list[Any], **overrides: Any) -> Any:
     import json
 
     return prepare_lines(tmp_path, [json.dumps(r).encode() for r in records], **overrides)
+
+
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tiny Qwen3 target, built in code once per test session."""
+    from raypipe.assets.tiny_target import build_tiny_target
+
+    return str(build_tiny_target(tmp_path_factory.mktemp("models") / "tiny_target"))

@@ -1,0 +1,61 @@
+"""Reference engine: the target in transformers, hidden states read with forward hooks.
+
+Slow but simple and independent of vLLM: the parity canary compares vLLM's
+states with these, layer by layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from raypipe.serve.engine import Sampling
+from raypipe.serve.layers import check_layer_ids
+
+
+class TransformersEngine:
+    def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32") -> None:
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        config = self.model.config
+        check_layer_ids(layer_ids, config.num_hidden_layers)
+        self.layer_ids = tuple(layer_ids)
+        self.hidden_size = config.hidden_size
+        self._captured: dict[int, torch.Tensor] = {}
+        base = self.model.model
+        for layer_id in self.layer_ids:  # id 0: the embeddings; id i: what decoder layer i-1 puts out
+            module = base.embed_tokens if layer_id == 0 else base.layers[layer_id - 1]
+            module.register_forward_hook(self._capture(layer_id))
+
+    def _capture(self, layer_id: int) -> Any:
+        def hook(_module: torch.nn.Module, _inputs: Any, output: Any) -> None:
+            self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    @torch.no_grad()
+    def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
+        lengths = [len(ids) for ids in batch]
+        ids = torch.zeros(len(batch), max(lengths), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(batch):  # right padding: causal attention keeps real tokens exact
+            ids[row, : len(seq)] = torch.tensor(seq)
+            mask[row, : len(seq)] = 1
+        self._captured.clear()
+        self.model.model(input_ids=ids, attention_mask=mask)
+        states = torch.stack([self._captured[i] for i in self.layer_ids], dim=2).float()  # [B, T, n, H]
+        return [states[row, :n] for row, n in enumerate(lengths)]
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[int]]:
+        replies = []
+        for prompt in prompts:
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0, "max_new_tokens": sampling.max_tokens}
+            if sampling.temperature > 0:
+                kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+            out = self.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kwargs)
+            replies.append(out[0, len(prompt) :].tolist())
+        return replies
