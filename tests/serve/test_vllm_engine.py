@@ -1,0 +1,55 @@
+"""The real vLLM CPU engine: hidden states equal the transformers reference at every layer."""
+
+import os
+
+import pytest
+import torch
+
+from raypipe.serve.engine import Sampling
+from raypipe.serve.hf_engine import TransformersEngine
+
+pytestmark = pytest.mark.integration
+
+LAYERS = (0, 1, 2, 3, 4)
+BATCH = [[9707, 1879], [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198], list(range(100, 137)), list(range(5000, 5300, 3))]
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_target):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from raypipe.serve.vllm_engine import VllmEngine
+
+    vllm = VllmEngine(tiny_target, LAYERS, dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.1, enforce_eager=True)
+    yield vllm, TransformersEngine(tiny_target, LAYERS)
+    vllm.close()
+
+
+def scale_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def test_states_equal_the_reference_at_every_layer(engines):
+    vllm, hf = engines
+    got, ref = vllm.extract(BATCH), hf.extract(BATCH)
+    for seq, g, r in zip(BATCH, got, ref):
+        assert g.shape == r.shape == (len(seq), len(LAYERS), 64)
+        for j, layer in enumerate(LAYERS):
+            assert scale_error(g[:, j], r[:, j]) < 1e-4, f"layer {layer}"
+            assert torch.nn.functional.cosine_similarity(g[:, j], r[:, j], dim=-1).min() > 0.99999
+    assert not list(vllm.storage.iterdir())  # every file read once and removed
+
+
+def test_greedy_replies_equal_the_reference(engines):
+    vllm, hf = engines
+    sampling = Sampling(temperature=0.0, max_tokens=12)
+    assert vllm.generate(BATCH[:3], sampling) == hf.generate(BATCH[:3], sampling)
+    assert not list(vllm.storage.iterdir())
+
+
+def test_reply_and_its_states_from_one_call(engines):
+    vllm, _ = engines
+    replies, states = vllm.generate(BATCH[:2], Sampling(max_tokens=8), with_states=True)
+    alone = vllm.extract(BATCH[:2])
+    for prompt, reply, s, a in zip(BATCH, replies, states, alone):
+        assert len(reply) == 8 and s.shape[0] == len(prompt) + len(reply) - 1  # the last token never enters a forward pass
+        torch.testing.assert_close(s[: len(prompt)], a, rtol=0, atol=1e-5)
