@@ -1,0 +1,69 @@
+"""The service as a real Ray Serve deployment on a local cluster."""
+
+import concurrent.futures
+
+import pytest
+import torch
+from ray import serve
+
+from raypipe.serve.deployment import HiddenStateService
+from raypipe.serve.engine import Sampling
+from raypipe.serve.hf_engine import TransformersEngine
+
+pytestmark = pytest.mark.integration
+LAYERS = [1, 2, 4]
+
+
+@pytest.fixture(scope="module")
+def service(ray_cluster, tiny_target):
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
+        "transformers", tiny_target, LAYERS, max_len=256, max_sequences=8, max_batch_tokens=2048
+    )
+    handle = serve.run(app, name="hidden_states", route_prefix=None)
+    yield handle
+    serve.delete("hidden_states")
+
+
+def test_states_through_serve_equal_the_engine_and_requests_are_batched(service, tiny_target):
+    reference = TransformersEngine(tiny_target, tuple(LAYERS))
+    batches = [[list(range(100 + i, 120 + 3 * i))] for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(lambda b: service.extract.remote(b).result(), batches))
+    for batch, got in zip(batches, results):
+        [expected] = reference.extract(batch)
+        assert got[0].dtype == torch.bfloat16 and got[0].shape == (len(batch[0]), len(LAYERS), 64)
+        torch.testing.assert_close(got[0].float(), expected, rtol=8e-3, atol=1e-5)  # bf16 on the wire
+    stats = service.stats.remote().result()
+    assert stats["engine_calls"] < stats["requests"], stats  # concurrent requests shared engine calls
+    assert stats["canary"].startswith("canary ok")
+
+
+@pytest.mark.parametrize(
+    "batch, problem",
+    [([[1, 200_000]], "outside the vocabulary"), ([], "non-empty"), ([list(range(300))], "maximum is 256"), ([[1.5]], "must be an int"), ([[1]] * 9, "9 sequences")],
+)
+def test_bad_requests_are_refused_and_the_replica_stays_healthy(service, batch, problem):
+    with pytest.raises(Exception, match=problem):
+        service.extract.remote(batch).result()
+    assert len(service.extract.remote([[1, 2, 3]]).result()[0]) == 3
+
+
+def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_states(ray_cluster, tiny_target):
+    app = HiddenStateService.options(
+        ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}}
+    ).bind(
+        "vllm", tiny_target, LAYERS, max_len=256, max_sequences=8, max_batch_tokens=2048,
+        engine_kwargs={"dtype": "float32", "max_num_seqs": 8, "gpu_memory_utilization": 0.1, "enforce_eager": True},
+    )
+    handle = serve.run(app, name="hidden_states_vllm", route_prefix=None)
+    try:
+        assert handle.stats.remote().result()["canary"].startswith("canary ok")
+        batch = [list(range(300, 340)), [9707, 1879]]
+        got = handle.extract.remote(batch).result()
+        for seq, g, r in zip(batch, got, TransformersEngine(tiny_target, tuple(LAYERS)).extract(batch)):
+            torch.testing.assert_close(g.float(), r, rtol=8e-3, atol=1e-5)
+        assert handle.canary.remote().result().startswith("canary ok")
+        reply = handle.generate.remote([[9707, 1879]], {"max_tokens": 5}).result()
+        assert reply == TransformersEngine(tiny_target, (4,)).generate([[9707, 1879]], Sampling(max_tokens=5))
+    finally:
+        serve.delete("hidden_states_vllm")
