@@ -20,6 +20,9 @@ class TokenBudgetBatcher:
         self._queue: asyncio.Queue[tuple[list[list[int]], asyncio.Future]] = asyncio.Queue()
         self._worker: asyncio.Task | None = None
 
+    def queued(self) -> int:
+        return self._queue.qsize()
+
     async def submit(self, sequences: list[list[int]]) -> list[Any]:
         """Results for `sequences`, in order, computed together with whatever else is queued."""
         if self._worker is None or self._worker.done():

@@ -10,10 +10,12 @@ start, or report unhealthy).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import torch
 from ray import serve
+from ray.util.metrics import Counter, Gauge, Histogram
 from transformers import AutoConfig
 
 from raypipe.serve.batching import TokenBudgetBatcher
@@ -56,6 +58,11 @@ class HiddenStateService:
         self.batcher = TokenBudgetBatcher(self.engine.extract, max_batch_tokens)
         self.requests = 0
         self.last_canary: CanaryReport | None = None
+        self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
+        self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
+        self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
+        self.m_queue = Gauge("raypipe_serve_queue_depth", "Extraction requests waiting for the engine.")
+        self.m_canary = Gauge("raypipe_serve_canary_ok", "1 if the last parity canary passed, else 0.")
         if canary:
             report = self._canary()
             if not report.ok:
@@ -65,19 +72,32 @@ class HiddenStateService:
         prompts = [list(p) for p in CANARY_PROMPTS]
         reference = TransformersEngine(self.model_dir, self.layer_ids)
         self.last_canary = compare_states(self.engine.extract(prompts), reference.extract(prompts), self.layer_ids)
+        self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
+
+    def _served(self, method: str, batch: list[list[int]], start: float) -> None:
+        tags = {"method": method}
+        self.m_requests.inc(1, tags)
+        self.m_tokens.inc(sum(map(len, batch)), tags)
+        self.m_latency.observe(time.perf_counter() - start, tags)
 
     async def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
         """bf16 hidden states [T, len(layer_ids), H] per sequence."""
         validate_batch(batch, **self.limits)
+        start = time.perf_counter()
         self.requests += 1
+        self.m_queue.set(self.batcher.queued())
         states = await self.batcher.submit(batch)
+        self._served("extract", batch, start)
         return [s.to(torch.bfloat16) for s in states]
 
     async def generate(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[list[int]]:
         validate_batch(prompts, **self.limits)
+        start = time.perf_counter()
         self.requests += 1
-        return await asyncio.to_thread(self.engine.generate, prompts, Sampling(**(sampling or {})))
+        replies = await asyncio.to_thread(self.engine.generate, prompts, Sampling(**(sampling or {})))
+        self._served("generate", prompts, start)
+        return replies
 
     async def canary(self) -> str:
         """Re-run the parity canary on demand."""

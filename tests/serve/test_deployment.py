@@ -9,6 +9,7 @@ from ray import serve
 from raypipe.serve.deployment import HiddenStateService
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from tests.conftest import scrape_metrics
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 2, 4]
@@ -24,7 +25,7 @@ def service(ray_cluster, tiny_target):
     serve.delete("hidden_states")
 
 
-def test_states_through_serve_equal_the_engine_and_requests_are_batched(service, tiny_target):
+def test_states_through_serve_equal_the_engine_and_requests_are_batched(service, tiny_target, ray_cluster):
     reference = TransformersEngine(tiny_target, tuple(LAYERS))
     batches = [[list(range(100 + i, 120 + 3 * i))] for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
@@ -36,6 +37,9 @@ def test_states_through_serve_equal_the_engine_and_requests_are_batched(service,
     stats = service.stats.remote().result()
     assert stats["engine_calls"] < stats["requests"], stats  # concurrent requests shared engine calls
     assert stats["canary"].startswith("canary ok")
+    names = ["ray_raypipe_serve_requests_total", "ray_raypipe_serve_tokens_total", "ray_raypipe_serve_latency_s_bucket", "ray_raypipe_serve_canary_ok"]
+    metrics = scrape_metrics(ray_cluster, names)
+    assert all(metrics.values()), f"not exported: {[n for n, v in metrics.items() if not v]}"
 
 
 @pytest.mark.parametrize(
