@@ -10,6 +10,7 @@ start, or report unhealthy).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -104,7 +105,7 @@ class HiddenStateService:
         return (await asyncio.to_thread(self._canary)).message()
 
     def stats(self) -> dict[str, Any]:
-        return {"requests": self.requests, "engine_calls": self.batcher.engine_calls, "canary": self.last_canary.message() if self.last_canary else None}
+        return {"pid": os.getpid(), "requests": self.requests, "engine_calls": self.batcher.engine_calls, "canary": self.last_canary.message() if self.last_canary else None}
 
     def check_health(self) -> None:
         if self.last_canary is not None and not self.last_canary.ok:
