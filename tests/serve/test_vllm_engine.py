@@ -53,3 +53,16 @@ def test_reply_and_its_states_from_one_call(engines):
     for prompt, reply, s, a in zip(BATCH, replies, states, alone):
         assert len(reply) == 8 and s.shape[0] == len(prompt) + len(reply) - 1  # the last token never enters a forward pass
         torch.testing.assert_close(s[: len(prompt)], a, rtol=0, atol=1e-5)
+
+
+def test_greedy_replies_equal_plain_offline_vllm(engines, tiny_target):
+    """The hidden-state engine's replies are what an ordinary vLLM deployment of the target says."""
+    from vllm import LLM, SamplingParams
+
+    vllm, _ = engines
+    plain = LLM(model=tiny_target, dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.1, enforce_eager=True, seed=0)
+    try:
+        outputs = plain.generate([{"prompt_token_ids": p} for p in BATCH], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        assert vllm.generate(BATCH, Sampling(temperature=0.0, max_tokens=12)) == [list(o.outputs[0].token_ids) for o in outputs]
+    finally:
+        del plain
