@@ -68,7 +68,7 @@ def main() -> None:
     ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
     app = HiddenStateService.options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}).bind(
         "vllm", model, list(LAYERS), max_len=args.len + 16, max_sequences=args.seqs, max_batch_tokens=args.seqs * args.len,
-        canary=False, engine_kwargs=engine_kwargs,
+        canary="off", engine_kwargs=engine_kwargs,
     )
     handle = serve.run(app, name="bench", route_prefix=None)
     client = HiddenStateClient(handle, max_in_flight=4)

@@ -28,6 +28,17 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from raypipe.config import load_config
+    from raypipe.serve.deployment import run_service
+
+    cfg = load_config(args.recipe, args.overrides)
+    _connect_ray()
+    print(f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states (health, stats, canary)", flush=True)
+    run_service(cfg.serve, blocking=True)
+    return 0
+
+
 def cmd_corpus(args: argparse.Namespace) -> int:
     from raypipe.data.corpus import CorpusSpec, write_corpus
 
@@ -44,6 +55,11 @@ def build_parser() -> argparse.ArgumentParser:
     prepare.add_argument("--recipe", required=True, help="Recipe name (debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
     prepare.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     prepare.set_defaults(func=cmd_prepare)
+
+    serve = sub.add_parser("serve", help="Run the hidden-state service (Ray Serve + vLLM) until stopped.")
+    serve.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
+    serve.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    serve.set_defaults(func=cmd_serve)
 
     corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
     corpus.add_argument("--output", required=True, help="Output directory.")

@@ -82,11 +82,41 @@ class DataConfig(_Strict):
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
+class ServeConfig(_Strict):
+    """Stage 2: the hidden-state service (Ray Serve replicas hosting the target)."""
+
+    engine: Literal["vllm", "transformers"] = Field(default="vllm", description="vLLM (production) or transformers (reference).")
+    model: str = Field(description="The target: `builtin:tiny` (tiny Qwen3 built locally) or a path / Hugging Face id.")
+    layer_ids: list[int] | None = Field(
+        default=None, description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux layers and the last."
+    )
+    dtype: str = Field(default="auto", description="Engine dtype (auto, bfloat16, float32).")
+    max_model_len: int = Field(default=4096, gt=0, description="Longest sequence a request may carry.")
+    max_sequences: int = Field(default=64, gt=0, description="Most sequences in one request.")
+    max_batch_tokens: int = Field(default=16384, gt=0, description="Token budget of one engine call (and of one request).")
+    tensor_parallel_size: int = Field(default=1, gt=0, description="vLLM tensor parallelism per replica.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's share of GPU memory (of CPU memory on CPU).")
+    enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (required on CPU).")
+    num_gpus: float = Field(default=1.0, ge=0, description="GPUs per replica (tensor_parallel_size for vLLM on GPUs).")
+    num_cpus: float = Field(default=1.0, gt=0, description="CPUs per replica.")
+    resource: str | None = Field(default="serve_gpu", description="Custom resource each replica takes one of, keeping Serve GPUs apart from Train GPUs.")
+    min_replicas: int = Field(default=1, ge=0, description="Autoscaling lower bound.")
+    max_replicas: int = Field(default=1, gt=0, description="Autoscaling upper bound.")
+    target_ongoing_requests: float = Field(default=4, gt=0, description="Autoscaling target per replica.")
+    max_ongoing_requests: int = Field(default=32, gt=0, description="Requests a replica accepts at once.")
+    canary: Literal["refuse", "warn", "off"] = Field(
+        default="refuse", description="Parity canary against transformers at start-up: refuse to serve on mismatch, only warn, or skip."
+    )
+    http_host: str = Field(default="127.0.0.1", description="HTTP ingress host (health, canary, stats); loopback unless set.")
+    http_port: int = Field(default=8000, gt=0, lt=65536, description="HTTP ingress port.")
+
+
 class RaypipeConfig(_Strict):
     """Root config of one run."""
 
     name: str = Field(description="Run name, used in logs and metrics.")
     data: DataConfig
+    serve: ServeConfig
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -3,8 +3,9 @@
 The replica validates every request (a bad one is refused with a named
 error and the replica stays healthy), merges concurrent extraction requests
 by token budget, returns bf16 states [T, n_layers, H], and runs the parity
-canary at start-up and on demand (a failed canary makes the replica refuse to
-start, or report unhealthy).
+canary at start-up and on demand (with `canary: refuse` a mismatch stops the
+replica from serving). An HTTP ingress (loopback unless configured) answers
+/health, /stats and /canary for operators; the trainer uses the handle.
 """
 
 from __future__ import annotations
@@ -15,33 +16,52 @@ import time
 from typing import Any
 
 import torch
+from fastapi import FastAPI, HTTPException
 from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
 from transformers import AutoConfig
+
+from raypipe.config import ServeConfig
 
 from raypipe.serve.batching import TokenBudgetBatcher
 from raypipe.serve.canary import CANARY_PROMPTS, CanaryReport, compare_states
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from raypipe.serve.layers import default_layer_ids
 from raypipe.serve.validate import validate_batch
+
+APP_NAME = "raypipe_hidden_states"
+api = FastAPI(title="raypipe hidden-state service")
+
+
+def resolve_model(model: str) -> str:
+    """`builtin:tiny` is built locally on each node (deterministic); anything else is a path or hub id."""
+    if model == "builtin:tiny":
+        from raypipe.assets.qwen_vocab import cache_root
+        from raypipe.assets.tiny_target import build_tiny_target
+
+        return str(build_tiny_target(cache_root() / "models" / "tiny_target"))
+    return model
 
 
 @serve.deployment
+@serve.ingress(api)
 class HiddenStateService:
     def __init__(
         self,
         engine: str,
-        model_dir: str,
-        layer_ids: list[int],
+        model: str,
+        layer_ids: list[int] | None,
         *,
         max_len: int = 4096,
         max_sequences: int = 64,
         max_batch_tokens: int = 16384,
-        canary: bool = True,
+        canary: str = "refuse",
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        model_dir = resolve_model(model)
         self.model_dir = model_dir
-        self.layer_ids = tuple(layer_ids)
+        self.layer_ids = tuple(layer_ids or default_layer_ids(AutoConfig.from_pretrained(model_dir).num_hidden_layers))
         if engine == "vllm":
             from raypipe.serve.vllm_engine import VllmEngine
 
@@ -64,9 +84,10 @@ class HiddenStateService:
         self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
         self.m_queue = Gauge("raypipe_serve_queue_depth", "Extraction requests waiting for the engine.")
         self.m_canary = Gauge("raypipe_serve_canary_ok", "1 if the last parity canary passed, else 0.")
-        if canary:
+        self.canary_mode = canary
+        if canary != "off":
             report = self._canary()
-            if not report.ok:
+            if not report.ok and canary == "refuse":
                 raise RuntimeError(report.message())
 
     def _canary(self) -> CanaryReport:
@@ -100,13 +121,68 @@ class HiddenStateService:
         self._served("generate", prompts, start)
         return replies
 
+    @api.post("/canary")
     async def canary(self) -> str:
         """Re-run the parity canary on demand."""
         return (await asyncio.to_thread(self._canary)).message()
 
+    @api.get("/stats")
     def stats(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "requests": self.requests, "engine_calls": self.batcher.engine_calls, "canary": self.last_canary.message() if self.last_canary else None}
+        return {
+            "pid": os.getpid(),
+            "layer_ids": list(self.layer_ids),
+            "requests": self.requests,
+            "engine_calls": self.batcher.engine_calls,
+            "canary": self.last_canary.message() if self.last_canary else None,
+        }
+
+    @api.get("/health")
+    def health(self) -> str:
+        try:
+            self.check_health()
+        except RuntimeError as err:
+            raise HTTPException(503, str(err)) from None
+        return "ok"
 
     def check_health(self) -> None:
-        if self.last_canary is not None and not self.last_canary.ok:
+        if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
             raise RuntimeError(self.last_canary.message())
+
+
+def build_app(cfg: ServeConfig) -> Any:
+    """The Serve application for a config: replicas, resources and limits from `serve.*`."""
+    actor_options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
+    if cfg.resource and cfg.num_gpus > 0:
+        actor_options["resources"] = {cfg.resource: cfg.num_gpus}
+    engine_kwargs: dict[str, Any] = {"dtype": cfg.dtype}
+    if cfg.engine == "vllm":
+        engine_kwargs.update(
+            max_num_seqs=cfg.max_sequences,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+        )
+    return HiddenStateService.options(
+        ray_actor_options=actor_options,
+        max_ongoing_requests=cfg.max_ongoing_requests,
+        autoscaling_config={
+            "min_replicas": cfg.min_replicas,
+            "max_replicas": cfg.max_replicas,
+            "target_ongoing_requests": cfg.target_ongoing_requests,
+        },
+    ).bind(
+        cfg.engine,
+        cfg.model,
+        cfg.layer_ids,
+        max_len=cfg.max_model_len,
+        max_sequences=cfg.max_sequences,
+        max_batch_tokens=cfg.max_batch_tokens,
+        canary=cfg.canary,
+        engine_kwargs=engine_kwargs,
+    )
+
+
+def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
+    """Start Serve's HTTP proxy on the configured host and deploy the service; returns the handle."""
+    serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
+    return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)

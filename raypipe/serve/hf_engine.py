@@ -17,7 +17,7 @@ from raypipe.serve.layers import check_layer_ids
 
 class TransformersEngine:
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32") -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)).eval()
         config = self.model.config
         check_layer_ids(layer_ids, config.num_hidden_layers)
         self.layer_ids = tuple(layer_ids)

@@ -19,7 +19,7 @@ LAYERS = [1, 4]
 def test_killed_replica_every_batch_returns_once_and_correct(ray_cluster, tiny_target):
     # One request per engine call (budget = one request's tokens), so requests queue on the replica.
     app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
-        "transformers", tiny_target, LAYERS, max_len=256, max_batch_tokens=1024, canary=False
+        "transformers", tiny_target, LAYERS, max_len=256, max_batch_tokens=1024, canary="off"
     )
     handle = serve.run(app, name="client_test", route_prefix=None)
     try:

@@ -71,3 +71,36 @@ def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_s
         assert reply == TransformersEngine(tiny_target, (4,)).generate([[9707, 1879]], Sampling(max_tokens=5))
     finally:
         serve.delete("hidden_states_vllm")
+
+
+def test_the_serve_job_answers_health_and_stats_over_http_on_loopback(tmp_path):
+    """`jobs/serve_target.py` as a user runs it: the debug recipe with the reference engine, HTTP on 127.0.0.1."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from pathlib import Path
+
+    from tests.conftest import free_port
+
+    root = Path(__file__).resolve().parents[2]
+    port = free_port()
+    cmd = [sys.executable, "jobs/serve_target.py", "--recipe", "debug_cpu", "serve.engine=transformers", "serve.dtype=float32", f"serve.http_port={port}"]
+    env = {**os.environ, "RAY_ADDRESS": "local", "RAYPIPE_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, health = time.monotonic() + 240, None
+        while time.monotonic() < deadline and health is None:
+            assert proc.poll() is None, "the serve job exited"
+            try:
+                health = urllib.request.urlopen(f"http://127.0.0.1:{port}/hidden_states/health", timeout=5).read().decode()
+            except OSError:
+                time.sleep(2)
+        assert health == '"ok"'
+        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/hidden_states/stats", timeout=5).read())
+        assert stats["layer_ids"] == [1, 4] and stats["canary"].startswith("canary ok")
+    finally:
+        os.killpg(proc.pid, 9)
+        proc.wait()
