@@ -144,6 +144,12 @@ class HiddenStateService:
             raise HTTPException(503, str(err)) from None
         return "ok"
 
+    def __del__(self) -> None:
+        """Graceful shutdown: Serve drains the replica, then the engine and its state files go."""
+        close = getattr(getattr(self, "engine", None), "close", None)
+        if close is not None:
+            close()
+
     def check_health(self) -> None:
         if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
             raise RuntimeError(self.last_canary.message())
