@@ -137,11 +137,11 @@ class HiddenStateService:
         }
 
     @api.get("/health")
-    def health(self) -> str:
+    async def health(self) -> str:
         try:
-            self.check_health()
-        except RuntimeError as err:
-            raise HTTPException(503, str(err)) from None
+            await self.check_health()
+        except Exception as err:  # noqa: BLE001 - any failure means unhealthy, with its reason
+            raise HTTPException(503, f"{type(err).__name__}: {err}") from None
         return "ok"
 
     def __del__(self) -> None:
@@ -150,9 +150,11 @@ class HiddenStateService:
         if close is not None:
             close()
 
-    def check_health(self) -> None:
+    async def check_health(self) -> None:
+        """Unhealthy when the canary failed (refuse mode) or the engine cannot extract one token."""
         if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
             raise RuntimeError(self.last_canary.message())
+        await self.batcher.submit([[0]])  # through the batcher: the engine is never called from two threads
 
 
 def build_app(cfg: ServeConfig) -> Any:
