@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from typing import Any
 
@@ -60,8 +61,9 @@ class HiddenStateService:
         engine_kwargs: dict[str, Any] | None = None,
     ) -> None:
         model_dir = resolve_model(model)
+        config = AutoConfig.from_pretrained(model_dir)
         self.model_dir = model_dir
-        self.layer_ids = tuple(layer_ids or default_layer_ids(AutoConfig.from_pretrained(model_dir).num_hidden_layers))
+        self.layer_ids = tuple(layer_ids or default_layer_ids(config.num_hidden_layers))
         if engine == "vllm":
             from raypipe.serve.vllm_engine import VllmEngine
 
@@ -71,12 +73,13 @@ class HiddenStateService:
         else:
             raise ValueError(f"serve.engine must be vllm or transformers, got {engine!r}")
         self.limits = {
-            "vocab_size": AutoConfig.from_pretrained(model_dir).vocab_size,
+            "vocab_size": config.vocab_size,
             "max_len": max_len,
             "max_sequences": max_sequences,
             "max_tokens": max_batch_tokens,
         }
-        self.batcher = TokenBudgetBatcher(self.engine.extract, max_batch_tokens)
+        self._engine_lock = threading.Lock()  # engines are not thread-safe: one call at a time
+        self.batcher = TokenBudgetBatcher(lambda seqs: self._call(self.engine.extract, seqs), max_batch_tokens)
         self.requests = 0
         self.last_canary: CanaryReport | None = None
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
@@ -90,10 +93,14 @@ class HiddenStateService:
             if not report.ok and canary == "refuse":
                 raise RuntimeError(report.message())
 
+    def _call(self, fn: Any, *args: Any) -> Any:
+        with self._engine_lock:
+            return fn(*args)
+
     def _canary(self) -> CanaryReport:
         prompts = [list(p) for p in CANARY_PROMPTS]
         reference = TransformersEngine(self.model_dir, self.layer_ids)
-        self.last_canary = compare_states(self.engine.extract(prompts), reference.extract(prompts), self.layer_ids)
+        self.last_canary = compare_states(self._call(self.engine.extract, prompts), reference.extract(prompts), self.layer_ids)
         self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
 
@@ -117,7 +124,7 @@ class HiddenStateService:
         validate_batch(prompts, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        replies = await asyncio.to_thread(self.engine.generate, prompts, Sampling(**(sampling or {})))
+        replies = await asyncio.to_thread(self._call, self.engine.generate, prompts, Sampling(**(sampling or {})))
         self._served("generate", prompts, start)
         return replies
 
@@ -154,7 +161,7 @@ class HiddenStateService:
         """Unhealthy when the canary failed (refuse mode) or the engine cannot extract one token."""
         if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
             raise RuntimeError(self.last_canary.message())
-        await self.batcher.submit([[0]])  # through the batcher: the engine is never called from two threads
+        await self.batcher.submit([[0]])  # a real one-token extraction
 
 
 def build_app(cfg: ServeConfig) -> Any:
