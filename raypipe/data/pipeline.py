@@ -57,13 +57,13 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
     tok, spec = resolve_tokenizer(cfg)
     plan = plan_chunks(cfg.sources, cfg.storage_options, cfg.chunk_bytes)
     output = PreparedOutput(cfg.output, cfg.storage_options)
-    config_hash = cfg.output_hash()
-    output.start(plan, config_hash, spec.digest(), tok)
+    config_hash, tokenizer_hash = cfg.output_hash(), spec.digest()  # the digest hashes the whole tokenizer: once
+    output.start(plan, config_hash, tokenizer_hash, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
     print(f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True)
     if todo:
         _run_actors(cfg, spec, todo)
-    manifest = output.write_manifest(plan, config_hash, spec.digest(), spec.template_digest())
+    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest())
     c = manifest["counts"]
     print(
         f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected {c['rows_rejected']}; "
