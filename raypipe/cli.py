@@ -39,6 +39,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from raypipe.config import load_config
+    from raypipe.serve.deployment import ensure_service
+    from raypipe.train.export import export_drafter
+    from raypipe.train.launcher import run_training
+
+    cfg = load_config(args.recipe, args.overrides)
+    _connect_ray()
+    if cfg.train.hidden_states != "offline":
+        print("[train] attaching to (or starting) the hidden-state service", flush=True)
+        ensure_service(cfg.serve)
+    result = run_training(cfg)
+    if result.error is not None:
+        raise RuntimeError(f"training failed: {result.error}")
+    doc = export_drafter(cfg)
+    print(json.dumps({"metrics": result.metrics, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]}, indent=1))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from raypipe.config import load_config
+    from raypipe.train.export import export_drafter
+
+    cfg = load_config(args.recipe, args.overrides)
+    print(json.dumps(export_drafter(cfg, args.output), indent=1))
+    return 0
+
+
 def cmd_corpus(args: argparse.Namespace) -> int:
     from raypipe.data.corpus import CorpusSpec, write_corpus
 
@@ -60,6 +88,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
     serve.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     serve.set_defaults(func=cmd_serve)
+
+    train = sub.add_parser("train", help="Train the DFlash drafter on Ray Train, fed by the service; exports it at the end.")
+    train.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
+    train.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    train.set_defaults(func=cmd_train)
+
+    export = sub.add_parser("export", help="Write the latest checkpoint's drafter as a directory vLLM loads (dflash).")
+    export.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
+    export.add_argument("--output", default=None, help="Export directory or URL; default: {train.output}/drafter.")
+    export.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    export.set_defaults(func=cmd_export)
 
     corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
     corpus.add_argument("--output", required=True, help="Output directory.")

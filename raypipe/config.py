@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -111,12 +111,64 @@ class ServeConfig(_Strict):
     http_port: int = Field(default=8000, gt=0, lt=65536, description="HTTP ingress port.")
 
 
+class TrainConfig(_Strict):
+    """Stage 3: the DFlash drafter trained on Ray Train workers, fed by the service (defaults: the DFlash paper)."""
+
+    output: str = Field(description="Run directory (local or URL, s3:// included): checkpoints, replies, ledger, export.")
+    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for an output URL, as data.storage_options.")
+    draft_layers: int = Field(default=5, gt=0, description="Decoder layers of the drafter.")
+    block_size: int = Field(default=16, ge=2, description="Tokens per draft block (the drafter proposes block_size - 1).")
+    max_anchors: int = Field(default=512, gt=0, description="Random anchor positions per packed sequence.")
+    loss_decay_gamma: float = Field(default=7.0, gt=0, description="Position decay of the loss (7 at block 16 in the paper).")
+    mask_token_id: int | None = Field(default=None, description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the target's vocabulary.")
+    epochs: int = Field(default=6, gt=0, description="Passes over the prepared data.")
+    max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps (short runs, benchmarks); default: all epochs.")
+    step_tokens: int = Field(default=8192, gt=0, description="Token budget of one packed sequence per worker and step.")
+    shuffle_window: int = Field(default=4, gt=0, description="Prepared shards whose rows are shuffled together (a window is read at a time).")
+    lr: float = Field(default=6e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_ratio: float = Field(default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
+    seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
+    hidden_states: Literal["online", "offline", "hybrid"] = Field(
+        default="online", description="From the service (nothing stored), from the cache only, or cache hit else the service."
+    )
+    cache: str | None = Field(default=None, description="Hidden-state cache URL (offline, hybrid).")
+    store_misses: bool = Field(default=True, description="In hybrid mode, store states fetched from the service in the cache.")
+    prefetch: int = Field(default=4, gt=0, description="Steps whose hidden states are requested ahead of the step that needs them.")
+    reply_temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows.")
+    reply_max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
+    num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
+    use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
+    cpus_per_worker: float = Field(default=1.0, gt=0, description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.")
+    resource: str | None = Field(default="train_gpu", description="Custom resource each worker takes one of, keeping Train GPUs apart from Serve GPUs.")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(default="PACK", description="Placement group strategy of the workers.")
+    strategy: Literal["ddp", "fsdp2"] = Field(default="ddp", description="Data parallelism: DDP replicas, or FSDP2 sharding for large drafters.")
+    attention: Literal["auto", "sdpa", "eager", "simple_flex_attention"] = Field(
+        default="auto", description="Drafter attention; auto: flex attention on GPU, sdpa on CPU (flex has no CPU backward)."
+    )
+    checkpoint_every: int = Field(default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end).")
+    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept in storage.")
+    max_failures: int = Field(default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails.")
+
+
 class RaypipeConfig(_Strict):
     """Root config of one run."""
 
     name: str = Field(description="Run name, used in logs and metrics.")
     data: DataConfig
     serve: ServeConfig
+    train: TrainConfig
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RaypipeConfig:
+        if self.data.max_length > self.train.step_tokens:
+            raise ValueError(f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length ({self.data.max_length})")
+        if self.data.max_length > self.serve.max_model_len:
+            raise ValueError(f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length ({self.data.max_length})")
+        if self.train.hidden_states != "online" and not self.train.cache:
+            raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")
+        return self
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:

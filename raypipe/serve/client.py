@@ -1,6 +1,6 @@
 """The trainer's side of the service: prefetching, bounded, retrying, in order.
 
-`stream(batches)` keeps up to `max_in_flight` requests in flight ahead of the
+`stream(batches, method)` keeps up to `max_in_flight` requests in flight ahead of the
 consumer (so extraction for the next steps overlaps the current one) and
 yields results in submission order. A request that fails because its replica
 died or timed out is resubmitted with exponential backoff; each batch's result
@@ -29,11 +29,15 @@ class HiddenStateClient:
         self.backoff_s = backoff_s
         self.resubmitted = 0
 
-    def _submit(self, batch: list[list[int]]) -> Any:
-        return self.handle.extract.remote(batch)
+    def _submit(self, method: str, batch: list[list[int]], kwargs: dict[str, Any]) -> Any:
+        if not batch:
+            return None  # nothing to ask for (e.g. every sequence was a cache hit)
+        return getattr(self.handle, method).remote(batch, **kwargs)
 
-    def _result(self, batch: list[list[int]], response: Any) -> list[torch.Tensor]:
+    def _result(self, method: str, batch: list[list[int]], kwargs: dict[str, Any], response: Any) -> list[Any]:
         for attempt in range(self.retries + 1):
+            if response is None:
+                return []
             try:
                 return response.result(timeout_s=self.timeout_s)
             except BadRequest:
@@ -43,17 +47,24 @@ class HiddenStateClient:
                     raise
                 time.sleep(self.backoff_s * 2**attempt)
                 self.resubmitted += 1
-                response = self._submit(batch)
+                response = self._submit(method, batch, kwargs)
         raise AssertionError("unreachable")
 
     def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
-        return self._result(batch, self._submit(batch))
+        return self._result("extract", batch, {}, self._submit("extract", batch, {}))
 
-    def stream(self, batches: Iterable[list[list[int]]]) -> Iterator[list[torch.Tensor]]:
+    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[list[int]]:
+        kwargs = {"sampling": sampling}
+        return self._result("generate", prompts, kwargs, self._submit("generate", prompts, kwargs))
+
+    def stream(self, batches: Iterable[list[list[int]]], method: str = "extract", **kwargs: Any) -> Iterator[list[Any]]:
+        """Results of `method` per batch, in order, with up to `max_in_flight` requests ahead of the consumer."""
         pending: deque[tuple[list[list[int]], Any]] = deque()
         for batch in batches:
-            pending.append((batch, self._submit(batch)))
+            pending.append((batch, self._submit(method, batch, kwargs)))
             if len(pending) >= self.max_in_flight:
-                yield self._result(*pending.popleft())
+                done, response = pending.popleft()
+                yield self._result(method, done, kwargs, response)
         while pending:
-            yield self._result(*pending.popleft())
+            batch, response = pending.popleft()
+            yield self._result(method, batch, kwargs, response)

@@ -28,7 +28,7 @@ from raypipe.serve.batching import TokenBudgetBatcher
 from raypipe.serve.canary import CANARY_PROMPTS, CanaryReport, compare_states
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from raypipe.serve.layers import default_layer_ids
+from raypipe.serve.layers import resolve_layer_ids
 from raypipe.serve.validate import validate_batch
 
 APP_NAME = "raypipe_hidden_states"
@@ -63,7 +63,7 @@ class HiddenStateService:
         model_dir = resolve_model(model)
         config = AutoConfig.from_pretrained(model_dir)
         self.model_dir = model_dir
-        self.layer_ids = tuple(layer_ids or default_layer_ids(config.num_hidden_layers))
+        self.layer_ids = resolve_layer_ids(layer_ids, config.num_hidden_layers)
         if engine == "vllm":
             from raypipe.serve.vllm_engine import VllmEngine
 
@@ -201,3 +201,14 @@ def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
     """Start Serve's HTTP proxy on the configured host and deploy the service; returns the handle."""
     serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
     return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)
+
+
+def ensure_service(cfg: ServeConfig) -> Any:
+    """Attach to the running hidden-state service, or deploy it; returns the handle once it serves."""
+    try:
+        status = serve.status().applications.get(APP_NAME)
+    except Exception:  # noqa: BLE001 - Serve is not running on this cluster yet
+        status = None
+    if status is not None and status.status == "RUNNING":
+        return serve.get_app_handle(APP_NAME)
+    return run_service(cfg, blocking=False)

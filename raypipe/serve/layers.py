@@ -39,3 +39,10 @@ def default_layer_ids(num_layers: int, num_aux: int = 5) -> tuple[int, ...]:
     count = min(num_aux, last - first + 1)
     aux = sorted({round(first + k * (last - first) / max(count - 1, 1)) for k in range(count)})
     return (*aux, num_layers)
+
+
+def resolve_layer_ids(layer_ids: list[int] | None, num_layers: int) -> tuple[int, ...]:
+    """The configured ids (checked), else DFlash's default: what the service serves and the drafter reads."""
+    resolved = tuple(layer_ids or default_layer_ids(num_layers))
+    check_layer_ids(resolved, num_layers)
+    return resolved

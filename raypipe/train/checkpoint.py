@@ -1,0 +1,67 @@
+"""What a training checkpoint holds, written and read the same way for DDP and FSDP2.
+
+A checkpoint directory (uploaded by Ray Train to the run's storage):
+  drafter/               save_pretrained of the drafter (speculators format, no verifier weights)
+  optimizer.pt           full (unsharded) AdamW state
+  scheduler.pt           LR scheduler state
+  training_state.json    epoch, global step and data cursor (packs of the epoch consumed)
+  config.json            the resolved run config
+  provenance.json        raypipe version, target, data manifest hash, library versions
+
+Full state dicts are gathered with torch.distributed.checkpoint's state-dict
+API (a collective: every rank calls it), so a checkpoint written by N workers
+loads on any number of workers, sharded or not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+STATE_FILE = "training_state.json"
+
+
+@dataclass
+class TrainingState:
+    epoch: int = 0
+    step: int = 0  # optimizer steps taken, all epochs
+    cursor: int = 0  # packs of `epoch` consumed (raypipe.train.plan)
+
+
+def save_checkpoint(
+    directory: Path, model: torch.nn.Module, drafter: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
+    state: TrainingState, config: dict[str, Any], provenance: dict[str, Any], write: bool,
+) -> None:
+    """Gather full states on every rank (collective); only the rank with `write` writes the files."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(model, options=options)
+    optim_state = get_optimizer_state_dict(model, optimizer, options=options)
+    if not write:
+        return
+    drafter.save_pretrained(directory / "drafter", state_dict=model_state)
+    torch.save(optim_state, directory / "optimizer.pt")
+    torch.save(scheduler.state_dict(), directory / "scheduler.pt")
+    (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    (directory / "provenance.json").write_text(json.dumps(provenance, indent=1))
+
+
+def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainingState:
+    """Restore trainable weights, optimizer and scheduler on every rank; returns where training stopped."""
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, load_file(str(directory / "drafter" / "model.safetensors")), options=options)
+    set_optimizer_state_dict(model, optimizer, torch.load(directory / "optimizer.pt", weights_only=False), options=options)
+    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=False))
+    return TrainingState(**json.loads((directory / STATE_FILE).read_text()))

@@ -1,0 +1,95 @@
+"""The DFlash drafter for any Hugging Face target: speculators' model, the format vLLM loads.
+
+Shape (hidden size, heads, head dim, rope, norms, vocabulary) comes from the
+target's config; the number of draft layers and the block size from
+`train.*`. The drafter reads the auxiliary target layers (the served layer
+ids but the last; raypipe's ids are vLLM's and speculators' convention) and
+takes its targets from the last one through the target's own final norm and
+LM head. Embedding and LM head are copied from the target and frozen.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from raypipe.config import TrainConfig
+
+
+def attention_implementation(cfg: TrainConfig) -> str:
+    """Flex attention on GPU; sdpa on CPU, where flex attention has no backward."""
+    if cfg.attention != "auto":
+        return cfg.attention
+    return "simple_flex_attention" if cfg.use_gpu else "sdpa"
+
+
+def loss_implementation(cfg: TrainConfig) -> str:
+    """speculators' fused loss needs Triton (GPU); the eager one runs anywhere."""
+    return "fused" if cfg.use_gpu else "eager"
+
+
+def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) -> int:
+    """The explicit id, else the tokenizer's mask token, else the first embedding row no token uses."""
+    if explicit is not None:
+        if not 0 <= explicit < vocab_size:
+            raise ValueError(f"train.mask_token_id={explicit} is outside the target's vocabulary [0, {vocab_size})")
+        return explicit
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer)
+    raise ValueError(f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use as mask")
+
+
+def aux_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
+    """The drafter's auxiliary layers: the served ids but the last, which must be the target's last layer."""
+    if layer_ids[-1] != num_layers or len(layer_ids) < 2:
+        raise ValueError(
+            f"serve.layer_ids must end with the target's last layer ({num_layers}) after at least one auxiliary layer, got {layer_ids}"
+        )
+    return list(layer_ids[:-1])
+
+
+def build_drafter(target: str, layer_ids: list[int], cfg: TrainConfig) -> Any:
+    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen."""
+    from speculators.models.dflash import DFlashDraftModel
+    from speculators.train.cli import create_transformer_layer_config
+
+    target_config = AutoConfig.from_pretrained(target)
+    layer_config = create_transformer_layer_config(
+        verifier_name_or_path=target,
+        num_layers=cfg.draft_layers,
+        draft_arch="qwen3",
+        hidden_act=None,
+        sliding_window=cfg.step_tokens,
+        full_attention_indices=list(range(cfg.draft_layers)),  # DFlash: full attention in every draft layer
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = DFlashDraftModel.from_training_args(
+            layer_config,
+            verifier_name_or_path=target,
+            draft_vocab_size=target_config.vocab_size,
+            block_size=cfg.block_size,
+            target_layer_ids=aux_layer_ids(layer_ids, target_config.num_hidden_layers),
+            mask_token_id=resolve_mask_token_id(target, cfg.mask_token_id, target_config.vocab_size),
+            draft_attn_impl=attention_implementation(cfg),
+            # Training attends bidirectionally inside a block in full-attention layers; vLLM reads this flag
+            # as "non-causal" for every layer, so it must be set or vLLM drafts with a causal mask.
+            sliding_window_non_causal=True,
+        )
+    return model
+
+
+def step_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The loss settings passed to the drafter's forward (the model owns loss and metrics)."""
+    from speculators.losses import resolve_loss_config
+
+    return {
+        "loss_config": resolve_loss_config("kl_div", loss_implementation(cfg)),
+        "gamma": cfg.loss_decay_gamma,
+        "max_anchors": cfg.max_anchors,
+    }

@@ -1,0 +1,141 @@
+"""The prepared dataset as training rows, with on-policy replies in place of placeholders.
+
+Metadata (ids, lengths, flags) of every row is read once; token columns are
+read a shard at a time and a few shards are kept, which suits the windowed
+epoch order of raypipe.train.plan.
+
+A `needs_response` row was prepared as prompt + placeholder reply. Before it
+is trained on, the target's own reply replaces the placeholder: replies are
+generated once, stored as token ids under `replies/` of the run directory
+(one Parquet file per prepared shard, written atomically), and reused by
+every later epoch and by resumed runs, which then only re-extract states.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from raypipe.data.output import PreparedOutput, shard_name
+from raypipe.storage import Storage
+
+REPLY_SCHEMA = pa.schema([("sample_id", pa.string()), ("reply_ids", pa.list_(pa.int32()))])
+_META_COLUMNS = ["sample_id", "num_tokens", "needs_response", "prompt_len"]
+
+
+@dataclass(frozen=True)
+class Row:
+    sample_id: str
+    input_ids: np.ndarray  # int64 [T]
+    loss_mask: np.ndarray  # int64 [T]
+
+
+class PreparedRows:
+    def __init__(self, prepared: PreparedOutput, replies: Storage, max_length: int, cache_shards: int = 8) -> None:
+        self.prepared = prepared
+        self.manifest = prepared.read_manifest()
+        self.manifest_sha256 = hashlib.sha256(prepared.read("manifest.json")).hexdigest()
+        self.replies = replies
+        self.max_length = max_length
+        self.shard_files = [s["file"] for s in self.manifest["shards"]]
+        self.shard_sizes = [s["rows"] for s in self.manifest["shards"]]
+        self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
+        metas = [self._read(f, _META_COLUMNS) for f in self.shard_files]
+        self.sample_ids: list[str] = [sid for m in metas for sid in m.column("sample_id").to_pylist()]
+        self.needs_response = np.concatenate([m.column("needs_response").to_numpy(zero_copy_only=False) for m in metas]) if metas else np.zeros(0, bool)
+        self.prompt_len = np.concatenate([m.column("prompt_len").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
+        self._prepared_len = np.concatenate([m.column("num_tokens").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
+        self._tables: OrderedDict[int, pa.Table] = OrderedDict()
+        self._replies: dict[int, dict[str, np.ndarray]] = {}
+        self._cache_shards = cache_shards
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _read(self, file: str, columns: list[str]) -> pa.Table:
+        with self.prepared.fs.open(self.prepared.path(file), "rb") as f:
+            return pq.read_table(f, columns=columns)
+
+    def shard_of(self, index: int) -> tuple[int, int]:
+        shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return shard, int(index - self.offsets[shard])
+
+    def shards_needing_replies(self) -> list[int]:
+        """Shards with needs_response rows whose replies are not stored yet."""
+        return [
+            s for s in range(len(self.shard_files))
+            if self.needs_response[self.offsets[s] : self.offsets[s + 1]].any() and not self.replies.exists(f"{shard_name(s)}.parquet")
+        ]
+
+    def prompts_of(self, shard: int) -> tuple[list[str], list[list[int]]]:
+        """(sample ids, prompt ids) of a shard's needs_response rows."""
+        table = self._shard(shard)
+        rows = np.flatnonzero(self.needs_response[self.offsets[shard] : self.offsets[shard + 1]])
+        ids = table.column("input_ids")
+        return [self.sample_ids[self.offsets[shard] + r] for r in rows], [
+            ids[int(r)].as_py()[: self.prompt_len[self.offsets[shard] + r]] for r in rows
+        ]
+
+    def write_replies(self, shard: int, sample_ids: list[str], replies: list[list[int]]) -> None:
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"sample_id": sample_ids, "reply_ids": replies}, schema=REPLY_SCHEMA), buf)
+        self.replies.write(f"{shard_name(shard)}.parquet", buf.getvalue())
+
+    def load_replies(self) -> None:
+        """Read every stored reply; each needs_response row must have one (else the reply phase did not finish)."""
+        for shard in range(len(self.shard_files)):
+            lo, hi = self.offsets[shard], self.offsets[shard + 1]
+            if not self.needs_response[lo:hi].any():
+                continue
+            table = pq.read_table(io.BytesIO(self.replies.read(f"{shard_name(shard)}.parquet")))
+            self._replies[shard] = {sid: np.asarray(r, np.int64) for sid, r in zip(table.column("sample_id").to_pylist(), table.column("reply_ids").to_pylist())}
+            missing = [self.sample_ids[i] for i in range(lo, hi) if self.needs_response[i] and self.sample_ids[i] not in self._replies[shard]]
+            assert not missing, f"replies of shard {shard} lack {len(missing)} rows, e.g. {missing[0]}"
+
+    def lengths(self) -> np.ndarray:
+        """Tokens per row as trained: prompt + stored reply (cut to max_length) for needs_response rows."""
+        lengths = self._prepared_len.copy()
+        for shard, replies in self._replies.items():
+            for i in range(self.offsets[shard], self.offsets[shard + 1]):
+                if self.needs_response[i]:
+                    lengths[i] = min(self.prompt_len[i] + len(replies[self.sample_ids[i]]), self.max_length)
+        return lengths
+
+    def _shard(self, shard: int) -> pa.Table:
+        if shard in self._tables:
+            self._tables.move_to_end(shard)
+        else:
+            self._tables[shard] = self._read(self.shard_files[shard], ["input_ids", "loss_mask"])
+            if len(self._tables) > self._cache_shards:
+                self._tables.popitem(last=False)
+        return self._tables[shard]
+
+    def row(self, index: int) -> Row:
+        shard, local = self.shard_of(index)
+        table = self._shard(shard)
+        ids = np.asarray(table.column("input_ids")[local].as_py(), np.int64)
+        mask = np.asarray(table.column("loss_mask")[local].as_py(), np.int64)
+        if self.needs_response[index]:
+            reply = self._replies[shard][self.sample_ids[index]]
+            prompt = ids[: self.prompt_len[index]]
+            ids = np.concatenate([prompt, reply])[: self.max_length]
+            mask = np.concatenate([np.zeros(len(prompt), np.int64), np.ones(len(reply), np.int64)])[: self.max_length]
+        return Row(self.sample_ids[index], ids, mask)
+
+
+def generate_replies(rows: PreparedRows, shards: list[int], stream: Callable[[Iterable[list[list[int]]]], Iterator[list[list[int]]]], batch: int = 64) -> int:
+    """Generate and store the replies of the given shards, `stream` keeping requests in flight; returns the count written."""
+    written = 0
+    for shard in shards:
+        sample_ids, prompts = rows.prompts_of(shard)
+        replies = [reply for part in stream(prompts[i : i + batch] for i in range(0, len(prompts), batch)) for reply in part]
+        rows.write_replies(shard, sample_ids, replies)
+        written += len(replies)
+    return written

@@ -1,0 +1,59 @@
+"""Training fixtures: a small prepared dataset with needs_response rows, and the real vLLM hidden-state service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raypipe.config import RaypipeConfig, load_config
+
+SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
+
+
+def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
+    """The debug_cpu recipe on the small dataset under `data`, training into `run`."""
+    return load_config(
+        "debug_cpu",
+        [
+            f"data.sources=[{{path: {data / 'src'}/*.jsonl}}]",
+            f"data.output={data / 'prepared'}",
+            "data.max_length=512",
+            "serve.max_model_len=1024",
+            f"train.output={run / 'train'}",
+            "train.step_tokens=512",
+            "train.max_anchors=16",
+            "train.reply_max_tokens=16",
+            *overrides,
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def prepared(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400 raw rows of the bundled sample (prompt-only rows among them), prepared by the real data stage."""
+    from raypipe.data.pipeline import run_prepare
+
+    root = tmp_path_factory.mktemp("train_data")
+    (root / "src").mkdir()
+    for name, rows in (("openai", 240), ("sharegpt", 160)):
+        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
+        (root / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    manifest = run_prepare(run_config(root, root).data)
+    assert manifest["counts"]["needs_response"] > 0
+    return root
+
+
+@pytest.fixture(scope="session")
+def service(prepared: Path) -> Iterator[Any]:
+    """The hidden-state service as the trainer finds it: the real vLLM engine on the tiny target, in a Serve replica."""
+    from ray import serve
+
+    from raypipe.serve.deployment import APP_NAME, build_app
+
+    cfg = run_config(prepared, prepared)
+    handle = serve.run(build_app(cfg.serve), name=APP_NAME, route_prefix=None)
+    yield handle
+    serve.delete(APP_NAME)
