@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import ray
 
+from raypipe.eval.spec_decode import run_speculative
+from raypipe.serve.engine import Sampling
+from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.storage import Storage
+from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
 from raypipe.train.loop import read_ledger
 from tests.train.conftest import run_config
@@ -21,7 +31,7 @@ def _steps(run: Storage, epochs: int) -> list[dict]:
     return sorted(steps, key=lambda s: s["step"])
 
 
-def test_two_workers_train_online_and_the_loss_falls(prepared: Path, service, tmp_path: Path) -> None:
+def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(prepared: Path, service, tmp_path: Path) -> None:
     cfg = run_config(prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100")
     result = run_training(cfg)
     assert result.error is None
@@ -37,3 +47,59 @@ def test_two_workers_train_online_and_the_loss_falls(prepared: Path, service, tm
     replies = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
     manifest = json.loads((Path(cfg.data.output) / "manifest.json").read_text())
     assert replies == manifest["counts"]["needs_response"]
+
+    # The export loads in vLLM as a DFlash drafter; speculative decoding runs and stays lossless (greedy, fp32).
+    export = export_drafter(cfg)
+    assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.block_size - 1
+    target = export["provenance"]["target_path"]
+    prompts = [list(range(1000 + 40 * i, 1030 + 40 * i)) for i in range(4)]
+    run_in_vllm = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})(run_speculative)
+    replies, counts = ray.get(
+        run_in_vllm.remote(target, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts,
+                           max_tokens=24, dtype="float32", max_model_len=512, gpu_memory_utilization=0.1, enforce_eager=True)
+    )
+    print(json.dumps(counts.to_dict()))
+    assert counts.drafts > 0 and counts.draft_tokens == counts.drafts * (cfg.train.block_size - 1)
+    assert len(counts.accepted_per_position) == cfg.train.block_size - 1
+    assert replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
+
+
+def _all_sample_ids(cfg) -> list[str]:
+    return [sid for f in sorted(Path(cfg.data.output, "data").glob("*.parquet")) for sid in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()]
+
+
+def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_once(prepared: Path, service, tmp_path: Path) -> None:
+    cfg = run_config(prepared, tmp_path, "train.epochs=2", "train.checkpoint_every=8", "train.max_failures=2")
+    run = Storage(cfg.train.output, {})
+    killed: dict = {}
+
+    def kill_a_worker_after_a_committed_checkpoint() -> None:
+        # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes on).
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            segments = run.glob("ledger/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
+            if len(segments) >= 2:
+                first, second = run.read_json(segments[0]), run.read_json(segments[1])
+                os.kill(second["pid"], signal.SIGKILL)
+                killed.update(pid=second["pid"], committed=first["packs"][1], cursor=second["packs"][1])
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_a_worker_after_a_committed_checkpoint)
+    killer.start()
+    result = run_training(cfg)
+    killer.join()
+    assert result.error is None and killed
+    expected = Counter(_all_sample_ids(cfg))
+    assert max(expected.values()) == 1
+    for epoch in range(cfg.train.epochs):
+        segments = read_ledger(run, epoch)
+        trained = Counter(sid for seg in segments for sid in seg["sample_ids"])
+        assert trained == expected, f"epoch {epoch}: missing {len(expected - trained)}, repeated {len(trained - expected)}"
+    epoch0 = sorted(read_ledger(run, 0), key=lambda s: s["packs"])
+    packs = epoch0[-1]["packs"][1]
+    assert 0 < killed["cursor"] < packs, "the kill must land mid-epoch"
+    # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted group.
+    assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
+    assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
+    steps = _steps(run, cfg.train.epochs)
+    assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)), "steps after the checkpoint were replayed, not skipped or doubled"

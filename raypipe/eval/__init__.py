@@ -1,0 +1,1 @@
+"""Stage 4: acceptance of the exported drafter measured by vLLM itself."""
