@@ -60,6 +60,28 @@ def pack_tensors(rows: list[Row], states: list[torch.Tensor], device: torch.devi
     }
 
 
+def precision(device: torch.device) -> tuple[Any, torch.dtype]:
+    """(autocast, states dtype): bf16 autocast on GPU; fp32 on CPU, where the served bf16 states are widened."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16), torch.bfloat16
+    return torch.autocast("cpu", enabled=False), torch.float32
+
+
+def train_step(
+    model: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any,
+    batch: dict[str, torch.Tensor], kwargs: dict[str, Any], grad_clip: float, weight: float, autocast: Any,
+) -> dict[str, torch.Tensor]:
+    """One optimizer step on one packed sequence; the drafter computes loss and metrics."""
+    with autocast:
+        _, loss, model_metrics = model(**batch, **kwargs)
+    (loss * weight).backward()
+    torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return model_metrics
+
+
 class Ledger:
     """What was trained since the last checkpoint, written with it: sample ids per rank, step metrics on rank 0.
 
@@ -169,11 +191,13 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     rows = PreparedRows(PreparedOutput(cfg.data.output, cfg.data.storage_options), run.child("replies"), cfg.data.max_length, cache_shards=tc.shuffle_window + 1)
     client = HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=tc.prefetch) if tc.hidden_states != "offline" else None
 
-    # 1. On-policy replies for needs_response rows, once per run.
+    # 1. On-policy replies for needs_response rows, once per run directory.
+    sampling = {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed}
+    rows.check_replies_meta({"target": cfg.serve.model, "data_manifest_sha256": rows.manifest_sha256, "sampling": sampling}, write=rank == 0)
     todo = rows.shards_needing_replies()
     if todo:
-        assert client is not None, "needs_response rows need the service for their replies; train online or hybrid once"
-        sampling = {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed}
+        if client is None:
+            raise ValueError(f"{len(todo)} prepared shards have needs_response rows without stored replies; run once online or hybrid so the service replies")
         generate_replies(rows, todo[rank::world], lambda batches: client.stream(batches, "generate", sampling=sampling))
     dist.barrier()
     rows.load_replies()
@@ -190,7 +214,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio))
     state = TrainingState()
-    ledger = Ledger(run.child("ledger"), rank)
+    ledger = Ledger(run.child(f"ledger/{cfg.name}"), rank)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
@@ -207,13 +231,12 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         "data_manifest_sha256": rows.manifest_sha256,
         "world_size": world,
         "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
     }
     cache = StateCache(Storage(tc.cache, tc.storage_options), cfg.serve.model, layer_ids) if tc.cache else None
     metrics = _TrainMetrics(cfg.name) if rank == 0 else None
     kwargs = step_kwargs(tc)
-    # bf16 autocast on GPU; fp32 on CPU, where the served bf16 states are widened.
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
-    states_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    autocast, states_dtype = precision(device)
     torch.manual_seed(tc.seed * 1_000_003 + rank * 7_919 + state.step)  # anchors differ per rank and step, reproducibly
 
     def checkpoint_now(m: dict[str, float]) -> None:
@@ -245,15 +268,8 @@ def train_worker(loop_config: dict[str, Any]) -> None:
             waited = got - tick
             index, step_rows = pending.popleft()
             batch = pack_tensors(step_rows, states, device, states_dtype)
-            with autocast:
-                _, loss, model_metrics = model(**batch, **kwargs)
-            weight = 1.0 if index is not None else 0.0
-            (loss * weight).backward()
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
             lr = optimizer.param_groups[0]["lr"]
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            model_metrics = train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0 if index is not None else 0.0, autocast)
             cursor_before = state.cursor
             state.step += 1
             state.cursor = min(state.cursor + world, len(plan.packs))
@@ -277,7 +293,7 @@ def train_worker(loop_config: dict[str, Any]) -> None:
             state.cursor = 0
 
 
-def read_ledger(run: Storage, epoch: int) -> list[dict[str, Any]]:
-    """The ledger segments of an epoch (what each rank trained, checkpoint to checkpoint)."""
-    return [json.loads(run.read(rel)) for rel in run.glob(f"ledger/epoch-{epoch:04d}/packs-*.json")]
+def read_ledger(run: Storage, name: str, epoch: int) -> list[dict[str, Any]]:
+    """The ledger segments of run `name`'s epoch (what each rank trained, checkpoint to checkpoint)."""
+    return [json.loads(run.read(rel)) for rel in run.glob(f"ledger/{name}/epoch-{epoch:04d}/packs-*.json")]
 

@@ -18,6 +18,7 @@ import io
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +67,15 @@ class PreparedRows:
     def shard_of(self, index: int) -> tuple[int, int]:
         shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
         return shard, int(index - self.offsets[shard])
+
+    def check_replies_meta(self, meta: dict[str, Any], write: bool) -> None:
+        """Stored replies belong to one target, dataset and sampling; anything else is refused, not mixed in."""
+        if self.replies.exists("meta.json"):
+            found = self.replies.read_json("meta.json")
+            if found != meta:
+                raise ValueError(f"{self.replies.url} holds replies made with {found}, not {meta}; use a new train.output or delete its replies/")
+        elif write:
+            self.replies.write_json("meta.json", meta)
 
     def shards_needing_replies(self) -> list[int]:
         """Shards with needs_response rows whose replies are not stored yet."""

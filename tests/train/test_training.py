@@ -21,28 +21,32 @@ from raypipe.storage import Storage
 from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
 from raypipe.train.loop import read_ledger
+from tests.conftest import scrape_metrics
 from tests.train.conftest import run_config
 
 pytestmark = pytest.mark.integration
 
 
-def _steps(run: Storage, epochs: int) -> list[dict]:
-    steps = [s for e in range(epochs) for seg in read_ledger(run, e) for s in seg["steps"]]
+def _steps(run: Storage, name: str, epochs: int) -> list[dict]:
+    steps = [s for e in range(epochs) for seg in read_ledger(run, name, e) for s in seg["steps"]]
     return sorted(steps, key=lambda s: s["step"])
 
 
-def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(prepared: Path, service, tmp_path: Path) -> None:
+def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(ray_cluster: str, prepared: Path, service, tmp_path: Path) -> None:
     cfg = run_config(prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100")
     result = run_training(cfg)
     assert result.error is None
     run = Storage(cfg.train.output, {})
-    steps = _steps(run, cfg.train.epochs)
+    steps = _steps(run, cfg.name, cfg.train.epochs)
     assert [s["step"] for s in steps] == list(range(1, 201))
     first = sum(s["loss"] for s in steps[:20]) / 20
     last = sum(s["loss"] for s in steps[-20:]) / 20
     print(json.dumps({"first_loss": first, "last_loss": last, "last": steps[-1]}))
     assert last < 0.7 * first, (first, last)
     assert all(0 <= s["wait_fraction"] <= 1 and s["tokens_per_s"] > 0 for s in steps)
+    names = [f"ray_raypipe_train_{m}" for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total")]
+    exported = scrape_metrics(ray_cluster, names)
+    assert all(exported.values()), f"not exported: {[n for n, v in exported.items() if not v]}"
     # Every needs_response row got an on-policy reply, stored once for later epochs.
     replies = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
     manifest = json.loads((Path(cfg.data.output) / "manifest.json").read_text())
@@ -77,7 +81,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
         # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes on).
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and not killed:
-            segments = run.glob("ledger/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
+            segments = run.glob(f"ledger/{cfg.name}/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
             if len(segments) >= 2:
                 first, second = run.read_json(segments[0]), run.read_json(segments[1])
                 os.kill(second["pid"], signal.SIGKILL)
@@ -92,14 +96,36 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     expected = Counter(_all_sample_ids(cfg))
     assert max(expected.values()) == 1
     for epoch in range(cfg.train.epochs):
-        segments = read_ledger(run, epoch)
+        segments = read_ledger(run, cfg.name, epoch)
         trained = Counter(sid for seg in segments for sid in seg["sample_ids"])
         assert trained == expected, f"epoch {epoch}: missing {len(expected - trained)}, repeated {len(trained - expected)}"
-    epoch0 = sorted(read_ledger(run, 0), key=lambda s: s["packs"])
+    epoch0 = sorted(read_ledger(run, cfg.name, 0), key=lambda s: s["packs"])
     packs = epoch0[-1]["packs"][1]
     assert 0 < killed["cursor"] < packs, "the kill must land mid-epoch"
     # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted group.
     assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
     assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
-    steps = _steps(run, cfg.train.epochs)
+    steps = _steps(run, cfg.name, cfg.train.epochs)
     assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)), "steps after the checkpoint were replayed, not skipped or doubled"
+
+
+def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepared: Path, service, s3_server, tmp_path: Path) -> None:
+    options = json.dumps(s3_server)
+    common = ["train.output=s3://raypipe/runs/s3test", f"train.storage_options={options}", "train.cache=s3://raypipe/cache/s3test", "train.max_steps=6", "train.checkpoint_every=3"]
+    cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
+    assert run_training(cfg).error is None
+    run = Storage(cfg.train.output, s3_server)
+    assert len(_steps(run, cfg.name, cfg.train.epochs)) == 6
+    assert run.glob(f"ray_train/{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
+    cached = Storage(cfg.train.cache, s3_server).glob("*/*.pt")
+    assert len(cached) > 0
+    export = export_drafter(cfg)
+    assert Storage(export["speculative_config"]["model"], s3_server).exists("model.safetensors")
+
+    # Offline: the same steps read every state from the cache; the service is not asked (its request count stays put).
+    before = service.stats.remote().result()["requests"]
+    offline = run_config(prepared, tmp_path, *common, "name=debug_cpu_offline", "train.hidden_states=offline")
+    assert run_training(offline).error is None
+    assert len(_steps(run, offline.name, offline.train.epochs)) == 6
+    assert service.stats.remote().result()["requests"] == before
+    assert Storage(cfg.train.cache, s3_server).glob("*/*.pt") == cached

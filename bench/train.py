@@ -1,0 +1,182 @@
+"""The training loop under Ray Train against a plain torch loop, and online extraction against its parts.
+
+    python bench/train.py --rows 400 --steps 60
+
+One run, on the same prepared rows (the bundled sample's first rows), drafter
+(debug_cpu recipe) and packs, with the real vLLM service on the tiny target:
+1. fill: a Ray Train run in hybrid mode stores the states of the packs (and
+   the on-policy replies) in a local cache;
+2. Ray Train, 1 worker, offline (states from the cache);
+3. a plain single-process torch loop, offline, same packs, same thread count;
+4. Ray Train, 1 worker, online (states from the service, 4 steps in flight);
+5. extraction alone: the same packs through the client, 4 in flight, no training.
+Steady state: the first --warmup steps of each are left out. Prints tokens/s
+of 2 and 3 and their ratio (target >= 0.95), the online step time against
+max(extraction time, compute time) (target <= 1.1) and the online wait fraction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+OUT = Path(__file__).parent / "out" / "train_bench"
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+
+
+def steady(steps: list[dict], warmup: int) -> dict[str, float]:
+    kept = steps[warmup:]
+    step_s = sum(s["step_s"] for s in kept)
+    wait_s = sum(s["wait_s"] for s in kept)
+    tokens = sum(s["tokens"] for s in kept)
+    return {"steps": len(kept), "tokens_per_s": tokens / step_s, "step_s": step_s / len(kept), "compute_s": (step_s - wait_s) / len(kept), "wait_fraction": wait_s / step_s}
+
+
+def plain_loop(cfg, steps: int) -> list[dict]:
+    """The same work as one Ray Train worker, in this process, without Ray."""
+    import torch
+
+    from raypipe.data.output import PreparedOutput
+    from raypipe.serve.deployment import resolve_model
+    from raypipe.serve.layers import resolve_layer_ids
+    from raypipe.storage import Storage
+    from raypipe.train.drafter import build_drafter, step_kwargs
+    from raypipe.train.loop import pack_tensors, precision, train_step
+    from raypipe.train.plan import lr_factor, plan_epoch
+    from raypipe.train.rows import PreparedRows
+    from raypipe.train.states import StateCache, stream_states
+    from transformers import AutoConfig
+
+    tc = cfg.train
+    target = resolve_model(cfg.serve.model)
+    layer_ids = list(resolve_layer_ids(cfg.serve.layer_ids, AutoConfig.from_pretrained(target).num_hidden_layers))
+    rows = PreparedRows(PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length)
+    rows.load_replies()
+    plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
+    model = build_drafter(target, layer_ids, tc)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.warmup_ratio))
+    cache = StateCache(Storage(tc.cache, {}), cfg.serve.model, layer_ids)
+    autocast, dtype = precision(torch.device("cpu"))
+    kwargs = step_kwargs(tc)
+    packs = [[rows.row(int(i)) for i in plan.packs[s]] for s in range(steps)]
+    torch.manual_seed(tc.seed * 1_000_003)
+    out = []
+    tick = time.perf_counter()
+    for pack, states in zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)):
+        waited = time.perf_counter() - tick
+        batch = pack_tensors(pack, states, torch.device("cpu"), dtype)
+        train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
+        out.append({"tokens": float(batch["input_ids"].shape[1]), "wait_s": waited, "step_s": time.perf_counter() - tick})
+        tick = time.perf_counter()
+    return out
+
+
+def extraction_alone(cfg, handle, steps: int) -> float:
+    """Seconds per pack when the service only extracts (4 requests in flight, as the trainer asks)."""
+    from raypipe.data.output import PreparedOutput
+    from raypipe.serve.client import HiddenStateClient
+    from raypipe.storage import Storage
+    from raypipe.train.plan import plan_epoch
+    from raypipe.train.rows import PreparedRows
+
+    tc = cfg.train
+    rows = PreparedRows(PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length)
+    rows.load_replies()
+    plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
+    batches = [[rows.row(int(i)).input_ids.tolist() for i in plan.packs[s]] for s in range(steps)]
+    client = HiddenStateClient(handle, max_in_flight=tc.prefetch)
+    list(client.stream(batches[:4]))  # warm-up
+    start = time.perf_counter()
+    for _ in client.stream(batches):
+        pass
+    return (time.perf_counter() - start) / len(batches)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=400, help="Raw rows from the bundled sample (60%% openai, 40%% sharegpt).")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=5)
+    args = parser.parse_args()
+
+    import ray
+    import torch
+    from ray import serve
+
+    from raypipe.config import load_config
+    from raypipe.data.pipeline import run_prepare
+    from raypipe.serve.deployment import APP_NAME, build_app
+    from raypipe.storage import Storage
+    from raypipe.train.loop import read_ledger
+    from raypipe.train.launcher import latest_checkpoint, run_training
+
+    shutil.rmtree(OUT, ignore_errors=True)
+    (OUT / "src").mkdir(parents=True)
+    for name, share in (("openai", 0.6), ("sharegpt", 0.4)):
+        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[: round(args.rows * share)]
+        (OUT / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+
+    def config(name: str, mode: str):
+        return load_config(
+            "debug_cpu",
+            [
+                f"name={name}", f"data.sources=[{{path: {OUT}/src/*.jsonl}}]", f"data.output={OUT}/prepared", "data.max_length=512",
+                "serve.max_model_len=1024", f"train.output={OUT}/run", f"train.cache={OUT}/cache", f"train.hidden_states={mode}",
+                "train.step_tokens=512", "train.max_anchors=16", "train.reply_max_tokens=16", "train.num_workers=1",
+                f"train.max_steps={args.steps}", "train.epochs=1", "train.checkpoint_every=1000000",
+            ],
+        )
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    run_prepare(config("fill", "hybrid").data)
+    handle = serve.run(build_app(config("fill", "hybrid").serve), name=APP_NAME, route_prefix=None)
+    run = Storage(str(OUT / "run"), {})
+
+    def ray_train(name: str, mode: str) -> tuple[list[dict], float, int]:
+        cfg = config(name, mode)
+        start = time.perf_counter()
+        assert run_training(cfg).error is None
+        wall = time.perf_counter() - start
+        steps = sorted((s for seg in read_ledger(run, name, 0) for s in seg["steps"]), key=lambda s: s["step"])
+        threads = latest_checkpoint(cfg).read_json("provenance.json")["torch_threads"]
+        return steps, wall, threads
+
+    ray_train("fill", "hybrid")
+    offline_steps, offline_wall, threads = ray_train("offline", "offline")
+    torch.set_num_threads(threads)  # the same intra-op threads as the Ray Train worker
+    plain = steady(plain_loop(config("plain", "offline"), args.steps), args.warmup)
+    offline = steady(offline_steps, args.warmup)
+    online_steps, online_wall, _ = ray_train("online", "online")
+    online = steady(online_steps, args.warmup)
+    extract_s = extraction_alone(config("online", "online"), handle, args.steps)
+    serve.delete(APP_NAME)
+    ray.shutdown()
+
+    bound = max(extract_s, offline["compute_s"])
+    report = {
+        "steps_measured": offline["steps"],
+        "torch_threads": threads,
+        "ray_train_offline_tokens_per_s": round(offline["tokens_per_s"], 1),
+        "plain_loop_tokens_per_s": round(plain["tokens_per_s"], 1),
+        "ray_train_over_plain": round(offline["tokens_per_s"] / plain["tokens_per_s"], 3),
+        "online_step_s": round(online["step_s"], 4),
+        "extraction_alone_s_per_step": round(extract_s, 4),
+        "compute_s_per_step": round(offline["compute_s"], 4),
+        "online_over_max_extract_compute": round(online["step_s"] / bound, 3),
+        "online_wait_fraction": round(online["wait_fraction"], 4),
+        "ray_train_fit_wall_s": {"offline": round(offline_wall, 1), "online": round(online_wall, 1)},
+    }
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Training rows: stored on-policy replies replace placeholders; caches and replies refuse to mix runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from raypipe.data.output import PreparedOutput
+from raypipe.data.prepare import PREPARED_SCHEMA
+from raypipe.storage import Storage
+from raypipe.train.loop import Ledger
+from raypipe.train.rows import PreparedRows, generate_replies
+from raypipe.train.states import StateCache, stream_states
+
+
+def _prepared(root: Path) -> PreparedOutput:
+    """Two shards: a trained row and a prompt-only row (prompt 3 tokens + placeholder 2) in the first, one row in the second."""
+    rows = [
+        [{"sample_id": "a", "input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1], "needs_response": False, "prompt_len": 2},
+         {"sample_id": "b", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 0, 0, 0], "needs_response": True, "prompt_len": 3}],
+        [{"sample_id": "c", "input_ids": [10, 11], "loss_mask": [0, 1], "needs_response": False, "prompt_len": 1}],
+    ]
+    shards = []
+    for i, shard in enumerate(rows):
+        table = pa.Table.from_pylist(
+            [{**r, "source": "s", "num_tokens": len(r["input_ids"]), "num_loss_tokens": sum(r["loss_mask"])} for r in shard], schema=PREPARED_SCHEMA
+        )
+        (root / "data").mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, root / "data" / f"part-{i:06d}.parquet")
+        shards.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard)})
+    (root / "manifest.json").write_text(json.dumps({"shards": shards}))
+    return PreparedOutput(str(root), {})
+
+
+def test_replies_replace_placeholders_and_are_cut_to_max_length(tmp_path: Path) -> None:
+    rows = PreparedRows(_prepared(tmp_path / "prepared"), Storage(str(tmp_path / "replies"), {}), max_length=6)
+    assert rows.shards_needing_replies() == [0]
+    asked = []
+
+    def stream(batches):
+        for batch in batches:
+            asked.append(batch)
+            yield [[20, 21, 22, 23] for _ in batch]
+
+    assert generate_replies(rows, [0], stream) == 1
+    assert asked == [[[5, 6, 7]]]  # the prompt only, without the placeholder reply
+    assert rows.shards_needing_replies() == []
+    rows.load_replies()
+    assert rows.lengths().tolist() == [4, 6, 2]
+    b = rows.row(1)
+    assert b.input_ids.tolist() == [5, 6, 7, 20, 21, 22] and b.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]
+    assert rows.row(2).input_ids.tolist() == [10, 11] and rows.row(0).loss_mask.tolist() == [0, 0, 1, 1]
+
+
+def test_replies_of_another_target_or_sampling_are_refused(tmp_path: Path) -> None:
+    rows = PreparedRows(_prepared(tmp_path / "prepared"), Storage(str(tmp_path / "replies"), {}), max_length=6)
+    rows.check_replies_meta({"target": "t", "sampling": {"temperature": 0.0}}, write=True)
+    rows.check_replies_meta({"target": "t", "sampling": {"temperature": 0.0}}, write=True)
+    with pytest.raises(ValueError, match="new train.output"):
+        rows.check_replies_meta({"target": "t", "sampling": {"temperature": 1.0}}, write=True)
+
+
+def test_missing_prepared_data_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="raypipe prepare"):
+        PreparedOutput(str(tmp_path), {}).read_manifest()
+
+
+def test_state_cache_keys_by_tokens_and_refuses_other_layers(tmp_path: Path) -> None:
+    cache = StateCache(Storage(str(tmp_path / "cache"), {}), "builtin:tiny", [1, 4])
+    ids = np.array([3, 4, 5])
+    states = torch.randn(3, 2, 8)
+    assert cache.get(ids) is None
+    cache.put(ids, states)
+    torch.testing.assert_close(cache.get(ids), states.to(torch.bfloat16))
+    assert cache.get(np.array([3, 4, 6])) is None
+    with pytest.raises(ValueError, match="holds states of"):
+        StateCache(Storage(str(tmp_path / "cache"), {}), "builtin:tiny", [2, 4])
+    with pytest.raises(ValueError, match="hybrid"):
+        list(stream_states([[ids], [np.array([9])]], "offline", None, cache))
+
+
+def test_ledger_forgets_segments_after_the_resumed_cursor(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "ledger"), {})
+    ledger = Ledger(storage, rank=0)
+    for start, end in ((0, 4), (4, 8), (8, 12)):
+        ledger.add(0, start, [f"s{start}"], None)
+        ledger.flush(end)
+    ledger.add(1, 0, ["t"], None)
+    ledger.flush(2)
+    ledger.drop_after(0, 4)  # resumed from the checkpoint at cursor 4 of epoch 0
+    assert storage.glob("*/*.json") == ["epoch-0000/packs-000000000-000000004.rank-0000.json"]
+
+
+def test_storage_writes_leave_no_temporary_files(tmp_path: Path) -> None:
+    storage = Storage(str(tmp_path / "x"), {})
+    storage.write("a/b.bin", b"123")
+    assert storage.read("a/b.bin") == b"123" and storage.glob("a/*") == ["a/b.bin"]
+    assert not list((tmp_path / "x" / "a").glob("*.tmp-*"))
