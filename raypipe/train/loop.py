@@ -149,6 +149,7 @@ class _TrainMetrics:
         self.lr = Gauge("raypipe_train_lr", "Learning rate.", tags)
         self.tokens_per_s = Gauge("raypipe_train_tokens_per_s", "Tokens trained per second, all workers.", tags)
         self.steps = Counter("raypipe_train_steps", "Optimizer steps taken.", tags)
+        self.accuracy = Gauge("raypipe_train_accuracy", "Draft accuracy of the last step by block position.", ("run", "position"))
 
     def record(self, m: dict[str, float]) -> None:
         self.loss.set(m["loss"], self.tags)
@@ -157,6 +158,9 @@ class _TrainMetrics:
         self.lr.set(m["lr"], self.tags)
         self.tokens_per_s.set(m["tokens_per_s"], self.tags)
         self.steps.inc(1, self.tags)
+        for key, value in m.items():
+            if key.startswith("acc_pos_"):
+                self.accuracy.set(value, {**self.tags, "position": key[len("acc_pos_") :]})
 
 
 def _wrap(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
@@ -199,7 +203,8 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         if client is None:
             raise ValueError(f"{len(todo)} prepared shards have needs_response rows without stored replies; run once online or hybrid so the service replies")
         generate_replies(rows, todo[rank::world], lambda batches: client.stream(batches, "generate", sampling=sampling))
-    dist.barrier()
+    while rows.shards_needing_replies():  # other ranks still replying: poll storage, since a collective would time out on long reply phases
+        time.sleep(5)
     rows.load_replies()
     lengths = rows.lengths()
     plans = [plan_epoch(rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens) for e in range(tc.epochs)]

@@ -44,7 +44,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     print(json.dumps({"first_loss": first, "last_loss": last, "last": steps[-1]}))
     assert last < 0.7 * first, (first, last)
     assert all(0 <= s["wait_fraction"] <= 1 and s["tokens_per_s"] > 0 for s in steps)
-    names = [f"ray_raypipe_train_{m}" for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total")]
+    names = [f"ray_raypipe_train_{m}" for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total", "accuracy")]
     exported = scrape_metrics(ray_cluster, names)
     assert all(exported.values()), f"not exported: {[n for n, v in exported.items() if not v]}"
     # Every needs_response row got an on-policy reply, stored once for later epochs.
