@@ -180,6 +180,7 @@ def build_app(cfg: ServeConfig) -> Any:
     return HiddenStateService.options(
         ray_actor_options=actor_options,
         max_ongoing_requests=cfg.max_ongoing_requests,
+        logging_config={"enable_access_log": False},  # one line per extraction drowns the job's log
         autoscaling_config={
             "min_replicas": cfg.min_replicas,
             "max_replicas": cfg.max_replicas,

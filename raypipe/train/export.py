@@ -14,7 +14,7 @@ from typing import Any
 from raypipe.config import RaypipeConfig
 from raypipe.storage import Storage
 from raypipe.train.checkpoint import STATE_FILE
-from raypipe.train.launcher import latest_checkpoint
+from raypipe.train.launcher import absolute, latest_checkpoint
 
 EXPORT_DIR = "drafter"
 
@@ -22,7 +22,7 @@ EXPORT_DIR = "drafter"
 def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, Any]:
     """Copy the latest checkpoint's drafter to `output` (default: {train.output}/drafter); returns export.json."""
     checkpoint = latest_checkpoint(cfg)
-    out = Storage(output or f"{cfg.train.output}/{EXPORT_DIR}", cfg.train.storage_options)
+    out = Storage(absolute(output or f"{cfg.train.output}/{EXPORT_DIR}"), cfg.train.storage_options)
     files = [rel.split("/", 1)[1] for rel in checkpoint.glob("drafter/*")]
     for name in files:
         out.write(name, checkpoint.read(f"drafter/{name}"))

@@ -68,7 +68,7 @@ def scaling_config(cfg: RaypipeConfig) -> Any:
     return ScalingConfig(num_workers=tc.num_workers, use_gpu=tc.use_gpu, resources_per_worker=resources, placement_strategy=tc.placement_strategy)
 
 
-def _absolute(url: str) -> str:
+def absolute(url: str) -> str:
     """Local paths made absolute: Ray Train runs each worker in its own working directory."""
     return url if "://" in url else str(Path(url).resolve())
 
@@ -82,10 +82,10 @@ def run_training(cfg: RaypipeConfig) -> Any:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     cfg = RaypipeConfig.model_validate(cfg.model_dump())
-    cfg.data.output = _absolute(cfg.data.output)
-    cfg.train.output = _absolute(cfg.train.output)
+    cfg.data.output = absolute(cfg.data.output)
+    cfg.train.output = absolute(cfg.train.output)
     if cfg.train.cache:
-        cfg.train.cache = _absolute(cfg.train.cache)
+        cfg.train.cache = absolute(cfg.train.cache)
     PreparedOutput(cfg.data.output, cfg.data.storage_options).read_manifest()  # fail here, not in every retried worker
     trainer = TorchTrainer(
         train_worker,

@@ -290,6 +290,9 @@ def train_worker(loop_config: dict[str, Any]) -> None:
             ledger.add(state.epoch, cursor_before, [r.sample_id for r in step_rows] if index is not None else [], m if rank == 0 else None)
             if metrics is not None:
                 metrics.record(m)
+                if state.step % 10 == 0 or state.step == total_steps:
+                    print(f"[train] step {state.step}/{total_steps} epoch {state.epoch} loss {m['loss']:.4f} tau~{m['tau_estimate']:.2f} "
+                          f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%", flush=True)
             if state.step % tc.checkpoint_every == 0 or state.cursor >= len(plan.packs) or state.step >= total_steps:
                 checkpoint_now(m)
             tick = time.perf_counter()
