@@ -50,7 +50,7 @@ class DataConfig(_Strict):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3."
     )
-    tokenizer: str = Field(description="`builtin:qwen` (Qwen vocabulary built locally) or a path / Hugging Face id.")
+    tokenizer: str = Field(description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / Hugging Face id.")
     chat_template: str | None = Field(
         default=None,
         description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the tokenizer's own.",
@@ -86,7 +86,7 @@ class ServeConfig(_Strict):
     """Stage 2: the hidden-state service (Ray Serve replicas hosting the target)."""
 
     engine: Literal["vllm", "transformers"] = Field(default="vllm", description="vLLM (production) or transformers (reference).")
-    model: str = Field(description="The target: `builtin:tiny` (tiny Qwen3 built locally) or a path / Hugging Face id.")
+    model: str = Field(description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured chat), both built locally, or a path / Hugging Face id.")
     layer_ids: list[int] | None = Field(
         default=None, description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux layers and the last."
     )

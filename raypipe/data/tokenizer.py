@@ -41,6 +41,10 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         from raypipe.assets.qwen_vocab import build_qwen_tokenizer
 
         return build_qwen_tokenizer()
+    if name == "builtin:demo":
+        from raypipe.assets.demo_target import build_tokenizer
+
+        return build_tokenizer()  # the demo target's own vocabulary, without training the target
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(name)

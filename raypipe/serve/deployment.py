@@ -36,9 +36,15 @@ api = FastAPI(title="raypipe hidden-state service")
 
 
 def resolve_model(model: str) -> str:
-    """`builtin:tiny` is built locally on each node (deterministic); anything else is a path or hub id."""
-    if model == "builtin:tiny":
+    """`builtin:tiny` (random) and `builtin:demo` (trained, learnable) are built locally on each node, deterministically;
+    anything else is a path or hub id."""
+    if model in ("builtin:tiny", "builtin:demo"):
         from raypipe.assets.qwen_vocab import cache_root
+
+        if model == "builtin:demo":
+            from raypipe.assets.demo_target import build_demo_target
+
+            return str(build_demo_target(cache_root() / "models" / "demo_target"))
         from raypipe.assets.tiny_target import build_tiny_target
 
         return str(build_tiny_target(cache_root() / "models" / "tiny_target"))

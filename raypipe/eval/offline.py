@@ -1,0 +1,78 @@
+"""The offline acceptance estimate: replay vLLM's greedy verification with the drafter outside vLLM.
+
+For a prompt and the target's greedy reply, the drafter proposes a block from
+every reply position at once (all positions as anchors, one forward pass);
+`accepted[p]` is how many of its block_size - 1 drafted tokens after anchor p
+match the reply. vLLM's loop is then walked: the first reply token comes from
+the prefill, so the first anchor is that token; from anchor p accept
+`accepted[p]` tokens plus the target's bonus token, and continue from there.
+τ = 1 + accepted / steps, the same quantity vLLM's counters give, so the two
+can be compared per prompt set; a training-time estimate that averages over
+random anchors instead weighs positions differently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class Replay:
+    steps: int
+    accepted: int
+    accepted_per_position: list[int]
+
+    @property
+    def tau(self) -> float:
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+
+def walk(accepted: np.ndarray, start: int, end: int, width: int) -> Replay:
+    """vLLM's greedy loop over positions [start, end): from anchor p, accept accepted[p] drafts and the bonus token."""
+    steps = total = 0
+    per_position = [0] * width
+    p = start
+    while p < end - 1:
+        a = int(min(accepted[p], end - 1 - p))
+        steps += 1
+        total += a
+        for k in range(a):
+            per_position[k] += 1
+        p += a + 1
+    return Replay(steps, total, per_position)
+
+
+@torch.no_grad()
+def accepted_at_every_position(drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int) -> np.ndarray:
+    """accepted[p] for every reply position p but the last: drafted tokens after anchor p matching ids."""
+    block = drafter.block_size
+    n = len(ids)
+    pad = block  # the model takes no anchor in its last block_size positions
+    input_ids = torch.tensor(ids + [ids[-1]] * pad).unsqueeze(0)
+    loss_mask = torch.zeros_like(input_ids)
+    loss_mask[0, prompt_len : n - 1] = 1
+    hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).float()
+    t = input_ids.shape[1]
+    _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the model's own block predictions, without its loss
+        hidden_states=hidden[:, :-1, :].reshape(1, t, -1),
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        verifier_last_hidden_states=hidden[:, -1, :].reshape(1, t, -1),
+        document_ids=torch.zeros_like(input_ids),
+        max_anchors=int(loss_mask.sum()),
+    )
+    anchors = torch.nonzero(loss_mask[0]).squeeze(-1).tolist()
+    drafted = logits.argmax(-1).reshape(len(anchors), block)[:, 1:]  # slot 0 is the anchor itself
+    accepted = np.zeros(n, dtype=np.int64)
+    for row, p in enumerate(anchors):
+        truth = ids[p + 1 : p + block]
+        run = 0
+        for guess, want in zip(drafted[row].tolist(), truth):
+            if guess != want:
+                break
+            run += 1
+        accepted[p] = run
+    return accepted

@@ -1,0 +1,95 @@
+"""The demo target is worth drafting for: its greedy replies vary with the prompt and a bigram model cannot predict them."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+
+import pytest
+import torch
+
+from raypipe.assets.demo_target import build_demo_target, build_tokenizer, encode, make_conversation, make_request
+
+@pytest.fixture(scope="session")
+def demo_target(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Trained once per session (about 3 minutes on 2 cores), so the tests using it are integration tests."""
+    return str(build_demo_target(tmp_path_factory.mktemp("models") / "demo_target"))
+
+
+def greedy_replies(model_dir: str, prompts: list[str], max_new_tokens: int = 40) -> list[list[int]]:
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
+    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, enable_thinking=False, tokenize=False) for p in prompts]
+    batch = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    replies = []
+    for row in out[:, batch["input_ids"].shape[1] :].tolist():
+        replies.append(row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row)
+    return replies
+
+
+@pytest.mark.integration
+def test_greedy_replies_are_varied_and_not_bigram_predictable(demo_target: str) -> None:
+    rng = random.Random(10_000)  # held out: the target trained on the stream of seed 0
+    prompts = [make_request(rng)[0] for _ in range(100)]
+    replies = greedy_replies(demo_target, prompts)
+    assert len({tuple(r) for r in replies}) >= 90
+
+    tok = build_tokenizer()
+    train_rng = random.Random(0)
+    bigram: dict[int, Counter] = defaultdict(Counter)
+    for _ in range(5000):
+        ids, prompt_len = encode(tok, make_conversation(train_rng))
+        reply = ids[prompt_len:]
+        for a, b in zip(reply, reply[1:]):
+            bigram[a][b] += 1
+    predicted = total = 0
+    for reply in replies:
+        for a, b in zip(reply, reply[1:]):
+            total += 1
+            predicted += bool(bigram[a]) and bigram[a].most_common(1)[0][0] == b
+    assert predicted / total < 0.5, f"a bigram model predicts {predicted}/{total} reply tokens"
+
+
+@pytest.mark.integration
+def test_the_build_is_cached_and_refuses_another_seed(demo_target: str) -> None:
+    assert str(build_demo_target(demo_target)) == demo_target
+    with pytest.raises(ValueError, match="seed"):
+        build_demo_target(demo_target, seed=1)
+
+
+def test_training_is_deterministic(tmp_path) -> None:
+    from raypipe.assets.demo_target import train_demo_target
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        train_demo_target(tmp_path / name, seed=3, steps=2, batch=4)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+
+
+def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp_path) -> None:
+    import json
+
+    from raypipe.data.prepare import ShardPreparer
+    from raypipe.data.sources import plan_chunks
+    from raypipe.data.tokenizer import resolve_tokenizer
+    from tests.conftest import data_config
+
+    rng = random.Random(5)
+    conversations = [c for c in (make_conversation(rng) for _ in range(60)) if len(c) == 2][:20]  # one turn: no per-turn split
+    rows = [{"messages": c} for c in conversations[:10]] + [{"messages": c[:-1]} for c in conversations[10:]]  # the second half prompt-only
+    path = tmp_path / "demo.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = data_config(sources=[{"path": str(path)}], output=str(tmp_path / "out"), tokenizer="builtin:demo")
+    tok, spec = resolve_tokenizer(cfg)
+    [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)
+    table = ShardPreparer(cfg, spec).prepare(chunk).table
+    assert table.num_rows == 20 and table.column("needs_response").to_pylist() == [False] * 10 + [True] * 10
+    for ids, mask, messages in zip(table.column("input_ids").to_pylist()[:10], table.column("loss_mask").to_pylist(), conversations):
+        assert tok.unk_token_id not in ids
+        trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True).split()
+        assert trained == " ".join(m["content"] for m in messages if m["role"] == "assistant").split()
