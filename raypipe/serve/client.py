@@ -53,10 +53,6 @@ class HiddenStateClient:
     def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
         return self._result("extract", batch, {}, self._submit("extract", batch, {}))
 
-    def generate(self, prompts: list[list[int]], sampling: dict[str, Any]) -> list[list[int]]:
-        kwargs = {"sampling": sampling}
-        return self._result("generate", prompts, kwargs, self._submit("generate", prompts, kwargs))
-
     def stream(self, batches: Iterable[list[list[int]]], method: str = "extract", **kwargs: Any) -> Iterator[list[Any]]:
         """Results of `method` per batch, in order, with up to `max_in_flight` requests ahead of the consumer."""
         pending: deque[tuple[list[list[int]], Any]] = deque()
