@@ -43,10 +43,11 @@ class StateCache:
         return f"{digest[:2]}/{digest[2:34]}.pt"
 
     def get(self, ids: np.ndarray) -> torch.Tensor | None:
-        key = self._key(ids)
-        if not self.storage.exists(key):
+        try:
+            data = self.storage.read(self._key(ids))  # one request per lookup, not an exists() and a read
+        except FileNotFoundError:
             return None
-        return torch.load(io.BytesIO(self.storage.read(key)), weights_only=True)
+        return torch.load(io.BytesIO(data), weights_only=True)
 
     def put(self, ids: np.ndarray, states: torch.Tensor) -> None:
         buf = io.BytesIO()
