@@ -67,6 +67,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    from raypipe.config import load_config
+    from raypipe.eval.evaluate import run_evaluation
+
+    cfg = load_config(args.recipe, args.overrides)
+    _connect_ray()
+    doc = run_evaluation(cfg)
+    for g in doc["vllm"]:
+        print(f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
+              f"{g['tokens_per_s']:.0f} tokens/s ({g['speedup']:.2f}x without the drafter)")
+    print(f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; offline replay τ {doc['offline_replay']['tau']:.2f}; "
+          f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}")
+    print(f"[eval] report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
+    return 0
+
+
 def cmd_corpus(args: argparse.Namespace) -> int:
     from raypipe.data.corpus import CorpusSpec, write_corpus
 
@@ -80,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     prepare = sub.add_parser("prepare", help="Prepare datasets into token rows with assistant masks (Ray Data).")
-    prepare.add_argument("--recipe", required=True, help="Recipe name (debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
+    prepare.add_argument("--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
     prepare.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     prepare.set_defaults(func=cmd_prepare)
 
@@ -99,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--output", default=None, help="Export directory or URL; default: {train.output}/drafter.")
     export.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     export.set_defaults(func=cmd_export)
+
+    evaluate = sub.add_parser("eval", help="Measure the exported drafter's acceptance in vLLM beside the offline and training estimates.")
+    evaluate.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
+    evaluate.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    evaluate.set_defaults(func=cmd_eval)
 
     corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
     corpus.add_argument("--output", required=True, help="Output directory.")

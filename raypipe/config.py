@@ -152,6 +152,26 @@ class TrainConfig(_Strict):
     max_failures: int = Field(default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails.")
 
 
+class EvalConfig(_Strict):
+    """Stage 4: acceptance of the exported drafter measured in vLLM, beside the offline and training estimates."""
+
+    prompts: str = Field(description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn is dropped, the rest is the prompt.")
+    num_prompts: int = Field(default=100, gt=0, description="Prompts evaluated (the first ones of the file).")
+    max_tokens: int = Field(default=256, gt=0, description="Longest generated reply.")
+    temperatures: list[float] = Field(default=[0.0, 1.0], min_length=1, description="Sampling temperatures measured; the offline replay covers temperature 0.")
+    threshold: float = Field(default=0.15, gt=0, description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a disagreement.")
+    output: str | None = Field(default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval.")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _greedy_first(cls, value: list[float]) -> list[float]:
+        if 0.0 not in value:
+            raise ValueError("must include 0.0: vLLM's greedy τ is what the estimates are compared with")
+        if any(t < 0 for t in value):
+            raise ValueError(f"temperatures must be >= 0, got {value}")
+        return value
+
+
 class RaypipeConfig(_Strict):
     """Root config of one run."""
 
@@ -159,6 +179,7 @@ class RaypipeConfig(_Strict):
     data: DataConfig
     serve: ServeConfig
     train: TrainConfig
+    eval: EvalConfig
 
     @model_validator(mode="after")
     def _consistent(self) -> RaypipeConfig:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def raypipe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep tests off the user's ~/.cache/raypipe, so they exercise the cold builds too (Ray workers inherit it)."""
+    root = tmp_path_factory.mktemp("raypipe_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAYPIPE_CACHE", str(root))
+        yield root
+
+
+@pytest.fixture(scope="session")
+def demo_target(raypipe_cache: Path) -> str:
+    """The demo target, trained once per session where `builtin:demo` resolves (about 3 minutes on 2 cores)."""
+    from raypipe.serve.deployment import resolve_model
+
+    return resolve_model("builtin:demo")
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 DIGITS = list("0123456789")
 WORDS = ["system", "user", "assistant", "\n", ":", ",", "+", "=", "copy", "reverse", "repeat", "twice", "pairs", "count", "from", "add", "please", "and", "then", "list", "numbers", "letters"]
 TASKS = ("copy", "reverse", "repeat", "pairs", "count", "add")
+DEMO_SPLITS = {"train": (4000, 1), "heldout": (200, 2)}  # bundled under data/demo/: rows, generator seed
 
 
 def vocabulary() -> list[str]:
@@ -71,6 +72,30 @@ def make_conversation(rng: random.Random) -> list[dict[str, str]]:
         prompt, reply = make_request(rng)
         messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
     return messages
+
+
+def demo_rows(count: int, seed: int, split: str, exclude: frozenset[str] = frozenset()) -> list[dict[str, object]]:
+    """Prompt-only chat rows (openai format) from the generator: the target writes the replies.
+
+    Earlier turns keep the generator's answer (which the target reproduces); the
+    last user turn is open, so the data stage marks the row `needs_response`.
+    Seeds differ from the target's own training stream (seed 0) and between
+    splits; conversations in `exclude` (JSON of their messages) are skipped.
+    """
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+    while len(rows) < count:
+        messages = make_conversation(rng)[:-1]
+        if json.dumps(messages) not in exclude:
+            rows.append({"id": f"demo-{split}-{len(rows):06d}", "messages": messages})
+    return rows
+
+
+def demo_splits() -> dict[str, list[dict[str, object]]]:
+    """The bundled demo data: training prompts, and held-out prompts none of which occurs in training."""
+    train = demo_rows(*DEMO_SPLITS["train"], "train")
+    seen = frozenset(json.dumps(r["messages"]) for r in train)
+    return {"train": train, "heldout": demo_rows(*DEMO_SPLITS["heldout"], "heldout", exclude=seen)}
 
 
 def build_tokenizer() -> object:

@@ -3,20 +3,25 @@
 For a prompt and the target's greedy reply, the drafter proposes a block from
 every reply position at once (all positions as anchors, one forward pass);
 `accepted[p]` is how many of its block_size - 1 drafted tokens after anchor p
-match the reply. vLLM's loop is then walked: the first reply token comes from
-the prefill, so the first anchor is that token; from anchor p accept
-`accepted[p]` tokens plus the target's bonus token, and continue from there.
-τ = 1 + accepted / steps, the same quantity vLLM's counters give, so the two
-can be compared per prompt set; a training-time estimate that averages over
+match the target's greedy tokens. vLLM's loop is then walked: the first reply
+token comes from the prefill, so the first anchor is that token; from anchor p
+accept `accepted[p]` tokens plus the target's bonus token, and continue from
+there. Like vLLM, a last block that runs past the reply's end (its stop token
+or max_tokens) counts the drafts the target's greedy continuation agrees with:
+vLLM verifies them before it truncates the output, so the replay extends each
+reply by block_size - 1 greedy tokens. τ = 1 + accepted / steps, the same
+quantity vLLM's counters give; a training-time estimate that averages over
 random anchors instead weighs positions differently.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 
 @dataclass
@@ -29,14 +34,24 @@ class Replay:
     def tau(self) -> float:
         return 1.0 + self.accepted / self.steps if self.steps else 1.0
 
+    def __add__(self, other: Replay) -> Replay:
+        return Replay(self.steps + other.steps, self.accepted + other.accepted, [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)])
+
+    def summary(self) -> dict[str, Any]:
+        rates = [a / self.steps for a in self.accepted_per_position] if self.steps else []
+        return {"steps": self.steps, "accepted_tokens": self.accepted, "accepted_per_position": self.accepted_per_position, "tau": self.tau, "acceptance_per_position": rates}
+
 
 def walk(accepted: np.ndarray, start: int, end: int, width: int) -> Replay:
-    """vLLM's greedy loop over positions [start, end): from anchor p, accept accepted[p] drafts and the bonus token."""
+    """vLLM's greedy loop over the reply [start, end): from anchor p, accept accepted[p] drafts and the bonus token.
+
+    `accepted` must cover the anchors up to end - 2; a block from one of them may run past the end, as in vLLM.
+    """
     steps = total = 0
     per_position = [0] * width
     p = start
     while p < end - 1:
-        a = int(min(accepted[p], end - 1 - p))
+        a = int(accepted[p])
         steps += 1
         total += a
         for k in range(a):
@@ -51,10 +66,11 @@ def accepted_at_every_position(drafter: torch.nn.Module, ids: list[int], states:
     block = drafter.block_size
     n = len(ids)
     pad = block  # the model takes no anchor in its last block_size positions
-    input_ids = torch.tensor(ids + [ids[-1]] * pad).unsqueeze(0)
+    device = next(drafter.parameters()).device
+    input_ids = torch.tensor(ids + [ids[-1]] * pad, device=device).unsqueeze(0)
     loss_mask = torch.zeros_like(input_ids)
     loss_mask[0, prompt_len : n - 1] = 1
-    hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).float()
+    hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).to(device, torch.float32)
     t = input_ids.shape[1]
     _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the model's own block predictions, without its loss
         hidden_states=hidden[:, :-1, :].reshape(1, t, -1),
@@ -76,3 +92,24 @@ def accepted_at_every_position(drafter: torch.nn.Module, ids: list[int], states:
             run += 1
         accepted[p] = run
     return accepted
+
+
+def load_drafter(drafter: Any, directory: str) -> Any:
+    """Exported (trained) weights into a drafter built for the target; the frozen embedding and head stay the target's."""
+    missing, unexpected = drafter.load_state_dict(load_file(f"{directory}/model.safetensors"), strict=False)
+    trainable = {n for n, p in drafter.named_parameters() if p.requires_grad}
+    if unexpected or trainable & set(missing):
+        raise ValueError(f"{directory} does not fit the drafter built from this config: missing {sorted(trainable & set(missing))}, unexpected {unexpected}")
+    return drafter.eval()
+
+
+def replay(drafter: Any, target: Any, prompts: list[list[int]], replies: list[list[int]]) -> Replay:
+    """The replay summed over prompts; `target` gives the reference states and greedy continuations (TransformersEngine)."""
+    width = drafter.block_size - 1
+    total = Replay(0, 0, [0] * width)
+    for prompt, reply in zip(prompts, replies):
+        end = len(prompt) + len(reply)
+        [ids] = target.continue_greedy([prompt + reply], width)  # what vLLM verifies a last block against
+        [states] = target.extract([ids])
+        total = total + walk(accepted_at_every_position(drafter, ids, states, len(prompt)), len(prompt), end, width)
+    return total

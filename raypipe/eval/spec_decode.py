@@ -1,9 +1,11 @@
-"""Speculative decoding with an exported drafter in vLLM, and vLLM's own acceptance counters.
+"""Generation in vLLM, with or without a DFlash drafter, and vLLM's own acceptance counters.
 
-The counters are vLLM's spec-decode metrics, read before and after generation:
-drafts (verification steps that carried a draft), draft tokens, accepted
-tokens, and accepted tokens per draft position. Acceptance length
+The counters are vLLM's spec-decode metrics, read before and after each
+generation: drafts (verification steps that carried a draft), draft tokens,
+accepted tokens, and accepted tokens per draft position. Acceptance length
 τ = 1 + accepted / drafts (the bonus token plus the accepted drafts per step).
+One engine serves every temperature; a short warm-up generation runs first so
+that tokens/s compares like with like across engines.
 """
 
 from __future__ import annotations
@@ -21,20 +23,34 @@ PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
 @dataclass
-class SpecDecodeCounts:
+class Generation:
+    """One generation over the prompt set at one temperature, and vLLM's counters for it."""
+
+    temperature: float
+    replies: list[list[int]]
+    seconds: float
     drafts: int
     draft_tokens: int
     accepted_tokens: int
     accepted_per_position: list[int]
-    generated_tokens: int
-    seconds: float
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(map(len, self.replies))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds
 
     @property
     def tau(self) -> float:
         return 1.0 + self.accepted_tokens / self.drafts if self.drafts else 1.0
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tau": self.tau}
+    def summary(self) -> dict[str, Any]:
+        """Everything but the replies, plus τ, per-position acceptance rates and tokens/s."""
+        doc = {k: v for k, v in asdict(self).items() if k != "replies"}
+        rates = [a / self.drafts for a in self.accepted_per_position] if self.drafts else []
+        return {**doc, "generated_tokens": self.generated_tokens, "tokens_per_s": self.tokens_per_s, "tau": self.tau, "acceptance_per_position": rates}
 
 
 def _read(llm: Any) -> dict[str, Any]:
@@ -51,33 +67,38 @@ def _read(llm: Any) -> dict[str, Any]:
     return out
 
 
-def run_speculative(
-    target: str, drafter: str, num_speculative_tokens: int, prompts: list[list[int]], *,
-    max_tokens: int = 64, temperature: float = 0.0, dtype: str = "auto", max_model_len: int = 2048,
-    gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
-) -> tuple[list[list[int]], SpecDecodeCounts]:
-    """Generate with the drafter in vLLM; returns the replies and vLLM's counters for this generation."""
+def generate_in_vllm(
+    target: str, drafter: str | None, num_speculative_tokens: int, prompts: list[list[int]], temperatures: list[float], *,
+    max_tokens: int, dtype: str = "auto", max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
+) -> list[Generation]:
+    """Generate the prompt set once per temperature on one engine (speculative when `drafter` is given)."""
     from vllm import LLM, SamplingParams
 
+    speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens} if drafter else None
     llm = LLM(
-        model=target,
-        speculative_config={"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens},
-        dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
-        enforce_eager=enforce_eager, disable_log_stats=False, seed=0,
+        model=target, speculative_config=speculative, dtype=dtype, max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, disable_log_stats=False, seed=0,
     )
-    before = _read(llm)
-    start = time.perf_counter()
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0), use_tqdm=False)
-    seconds = time.perf_counter() - start
-    after = _read(llm)
-    replies = [list(o.outputs[0].token_ids) for o in outputs]
-    per_position = [a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * num_speculative_tokens)]
-    counts = SpecDecodeCounts(
-        drafts=after["drafts"] - before["drafts"],
-        draft_tokens=after["draft_tokens"] - before["draft_tokens"],
-        accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-        accepted_per_position=per_position,
-        generated_tokens=sum(map(len, replies)),
-        seconds=seconds,
-    )
-    return replies, counts
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+    runs = []
+    for temperature in temperatures:
+        before = _read(llm)
+        start = time.perf_counter()
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0), use_tqdm=False
+        )
+        seconds = time.perf_counter() - start
+        after = _read(llm)
+        width = len(after["accepted_per_position"])
+        runs.append(
+            Generation(
+                temperature=temperature,
+                replies=[list(o.outputs[0].token_ids) for o in outputs],
+                seconds=seconds,
+                drafts=after["drafts"] - before["drafts"],
+                draft_tokens=after["draft_tokens"] - before["draft_tokens"],
+                accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
+                accepted_per_position=[a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)],
+            )
+        )
+    return runs

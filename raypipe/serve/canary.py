@@ -20,6 +20,11 @@ CANARY_PROMPTS: tuple[tuple[int, ...], ...] = (
 )
 
 
+def canary_prompts(vocab_size: int) -> list[list[int]]:
+    """The canary prompts folded into the target's vocabulary (small vocabularies such as the demo target's)."""
+    return [[t % vocab_size for t in p] for p in CANARY_PROMPTS]
+
+
 @dataclass(frozen=True)
 class CanaryReport:
     layer_ids: tuple[int, ...]

@@ -25,7 +25,7 @@ from transformers import AutoConfig
 from raypipe.config import ServeConfig
 
 from raypipe.serve.batching import TokenBudgetBatcher
-from raypipe.serve.canary import CANARY_PROMPTS, CanaryReport, compare_states
+from raypipe.serve.canary import CanaryReport, canary_prompts, compare_states
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.layers import resolve_layer_ids
@@ -78,6 +78,7 @@ class HiddenStateService:
             self.engine = TransformersEngine(model_dir, self.layer_ids, **(engine_kwargs or {}))
         else:
             raise ValueError(f"serve.engine must be vllm or transformers, got {engine!r}")
+        self.identity = {"engine": engine, "model": model, "layer_ids": list(self.layer_ids), "dtype": (engine_kwargs or {}).get("dtype", "auto")}
         self.limits = {
             "vocab_size": config.vocab_size,
             "max_len": max_len,
@@ -104,8 +105,8 @@ class HiddenStateService:
             return fn(*args)
 
     def _canary(self) -> CanaryReport:
-        prompts = [list(p) for p in CANARY_PROMPTS]
         reference = TransformersEngine(self.model_dir, self.layer_ids)
+        prompts = canary_prompts(reference.model.config.vocab_size)
         self.last_canary = compare_states(self._call(self.engine.extract, prompts), reference.extract(prompts), self.layer_ids)
         self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
@@ -163,6 +164,10 @@ class HiddenStateService:
         if close is not None:
             close()
 
+    async def describe(self) -> dict[str, Any]:
+        """What this service serves: a client attaching to a running service checks it is the one it needs."""
+        return self.identity
+
     async def check_health(self) -> None:
         """Unhealthy when the canary failed (refuse mode) or the engine cannot extract one token."""
         if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
@@ -216,6 +221,16 @@ def ensure_service(cfg: ServeConfig) -> Any:
         status = serve.status().applications.get(APP_NAME)
     except Exception:  # noqa: BLE001 - Serve is not running on this cluster yet
         status = None
-    if status is not None and status.status == "RUNNING":
-        return serve.get_app_handle(APP_NAME)
-    return run_service(cfg, blocking=False)
+    if status is None or status.status != "RUNNING":
+        if cfg.model.startswith("builtin:"):
+            resolve_model(cfg.model)  # build it here with every core, not in the replica's one thread (it is cached on disk)
+        return run_service(cfg, blocking=False)
+    handle = serve.get_app_handle(APP_NAME)
+    running = handle.describe.remote().result()
+    wanted = {"engine": cfg.engine, "model": cfg.model, "dtype": cfg.dtype, "layer_ids": cfg.layer_ids or running["layer_ids"]}
+    if running != wanted:
+        raise ValueError(
+            f"the running hidden-state service serves {running}, this config needs {wanted}; "
+            f"stop it (`serve shutdown -y`) or run with the serve.* settings it was started with"
+        )
+    return handle

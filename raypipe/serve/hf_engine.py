@@ -16,8 +16,9 @@ from raypipe.serve.layers import check_layer_ids
 
 
 class TransformersEngine:
-    def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32") -> None:
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)).eval()
+    def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32", device: str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)).to(self.device).eval()
         config = self.model.config
         check_layer_ids(layer_ids, config.num_hidden_layers)
         self.layer_ids = tuple(layer_ids)
@@ -43,9 +44,20 @@ class TransformersEngine:
             ids[row, : len(seq)] = torch.tensor(seq)
             mask[row, : len(seq)] = 1
         self._captured.clear()
-        self.model.model(input_ids=ids, attention_mask=mask)
-        states = torch.stack([self._captured[i] for i in self.layer_ids], dim=2).float()  # [B, T, n, H]
+        self.model.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        states = torch.stack([self._captured[i] for i in self.layer_ids], dim=2).float().cpu()  # [B, T, n, H]
         return [states[row, :n] for row, n in enumerate(lengths)]
+
+    @torch.no_grad()
+    def continue_greedy(self, batch: list[list[int]], n: int) -> list[list[int]]:
+        """Each sequence followed by its next n greedy tokens, stop tokens included (no stopping)."""
+        out = []
+        for seq in batch:
+            ids = torch.tensor([seq], device=self.device)
+            for _ in range(n):
+                ids = torch.cat([ids, self.model(input_ids=ids).logits[:, -1:].argmax(-1)], dim=1)
+            out.append(ids[0].tolist())
+        return out
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[int]]:
@@ -56,6 +68,7 @@ class TransformersEngine:
             kwargs: dict[str, Any] = {"do_sample": sampling.temperature > 0, "max_new_tokens": sampling.max_tokens}
             if sampling.temperature > 0:
                 kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-            out = self.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), **kwargs)
+            ids = torch.tensor([prompt], device=self.device)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
             replies.append(out[0, len(prompt) :].tolist())
         return replies

@@ -305,3 +305,9 @@ def read_ledger(run: Storage, name: str, epoch: int) -> list[dict[str, Any]]:
     """The ledger segments of run `name`'s epoch (what each rank trained, checkpoint to checkpoint)."""
     return [json.loads(run.read(rel)) for rel in run.glob(f"ledger/{name}/epoch-{epoch:04d}/packs-*.json")]
 
+
+def read_training_curve(run: Storage, name: str) -> list[dict[str, float]]:
+    """Every step's metrics of run `name` (rank 0's ledger entries), in step order."""
+    epochs = sorted(int(rel.rsplit("-", 1)[1]) for rel in run.glob(f"ledger/{name}/epoch-*"))
+    return sorted((s for e in epochs for seg in read_ledger(run, name, e) for s in seg["steps"]), key=lambda s: s["step"])
+

@@ -10,12 +10,6 @@ import torch
 
 from raypipe.assets.demo_target import build_demo_target, build_tokenizer, encode, make_conversation, make_request
 
-@pytest.fixture(scope="session")
-def demo_target(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Trained once per session (about 3 minutes on 2 cores), so the tests using it are integration tests."""
-    return str(build_demo_target(tmp_path_factory.mktemp("models") / "demo_target"))
-
-
 def greedy_replies(model_dir: str, prompts: list[str], max_new_tokens: int = 40) -> list[list[int]]:
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
@@ -93,3 +87,19 @@ def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp
         assert tok.unk_token_id not in ids
         trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True).split()
         assert trained == " ".join(m["content"] for m in messages if m["role"] == "assistant").split()
+
+
+def test_the_bundled_demo_data_is_what_the_generator_writes() -> None:
+    import json
+    from pathlib import Path
+
+    from raypipe.assets.demo_target import demo_splits
+
+    root = Path(__file__).resolve().parents[2] / "data" / "demo"
+    splits = demo_splits()
+    for split, rows in splits.items():
+        lines = (root / f"{split}.jsonl").read_text().splitlines()
+        assert [json.loads(line) for line in lines] == rows, "regenerate with `python scripts/make_demo_data.py`"
+    train = {json.dumps(r["messages"]) for r in splits["train"]}
+    assert not any(json.dumps(r["messages"]) in train for r in splits["heldout"])
+    assert len(splits["heldout"]) == 200 and len(splits["train"]) == 4000

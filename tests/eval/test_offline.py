@@ -7,11 +7,12 @@ import numpy as np
 from raypipe.eval.offline import walk
 
 
-def test_a_perfect_drafter_accepts_whole_blocks() -> None:
+def test_a_perfect_drafter_accepts_whole_blocks_even_past_the_end() -> None:
     replay = walk(np.full(40, 3), start=9, end=39, width=3)  # 29 tokens to generate after the anchor at 9
-    assert replay.steps == 8 and replay.accepted == 22  # 7 full blocks of 3 + bonus, then 1 left before the end
-    assert replay.accepted_per_position == [8, 7, 7]
-    assert replay.tau == 1 + 22 / 8
+    # 7 full blocks of 3 + bonus reach 37; the 8th block is verified whole, like vLLM, though 1 token is left.
+    assert replay.steps == 8 and replay.accepted == 24
+    assert replay.accepted_per_position == [8, 8, 8]
+    assert replay.tau == 1 + 24 / 8
 
 
 def test_a_useless_drafter_verifies_one_token_per_step() -> None:

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from raypipe.serve.canary import CANARY_PROMPTS, compare_states
+from raypipe.serve.canary import CANARY_PROMPTS, canary_prompts, compare_states
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.validate import BadRequest, validate_batch
 
@@ -31,6 +31,11 @@ def test_bad_requests_are_named(batch, problem):
 
 def test_good_request_passes():
     assert validate_batch([[1, 2], [99]], **LIMITS) == [[1, 2], [99]]
+
+
+def test_canary_prompts_fold_into_a_small_vocabulary():
+    assert canary_prompts(151_936) == [list(p) for p in CANARY_PROMPTS]
+    assert all(0 <= t < 65 for p in canary_prompts(65) for t in p)
 
 
 def test_canary_passes_on_equal_engines_and_names_the_wrong_layer(tiny_target):

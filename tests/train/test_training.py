@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from raypipe.eval.spec_decode import run_speculative
+from raypipe.eval.spec_decode import generate_in_vllm
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.storage import Storage
@@ -57,15 +57,15 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.block_size - 1
     target = export["provenance"]["target_path"]
     prompts = [list(range(1000 + 40 * i, 1030 + 40 * i)) for i in range(4)]
-    run_in_vllm = ray.remote(num_cpus=0.5, runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}})(run_speculative)
-    replies, counts = ray.get(
-        run_in_vllm.remote(target, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts,
+    run_in_vllm = ray.remote(num_cpus=0.5)(generate_in_vllm)
+    [greedy] = ray.get(
+        run_in_vllm.remote(target, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts, [0.0],
                            max_tokens=24, dtype="float32", max_model_len=512, gpu_memory_utilization=0.1, enforce_eager=True)
     )
-    print(json.dumps(counts.to_dict()))
-    assert counts.drafts > 0 and counts.draft_tokens == counts.drafts * (cfg.train.block_size - 1)
-    assert len(counts.accepted_per_position) == cfg.train.block_size - 1
-    assert replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
+    print(json.dumps(greedy.summary()))
+    assert greedy.drafts > 0 and greedy.draft_tokens == greedy.drafts * (cfg.train.block_size - 1)
+    assert len(greedy.accepted_per_position) == cfg.train.block_size - 1
+    assert greedy.replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
 
 
 def _all_sample_ids(cfg) -> list[str]:
@@ -129,3 +129,13 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepar
     assert len(_steps(run, offline.name, offline.train.epochs)) == 6
     assert service.stats.remote().result()["requests"] == before
     assert Storage(cfg.train.cache, s3_server).glob("*/*.pt") == cached
+
+
+def test_attaching_to_a_service_that_serves_another_target_is_refused(prepared: Path, service, tmp_path: Path) -> None:
+    from raypipe.serve.deployment import ensure_service
+
+    cfg = run_config(prepared, tmp_path)
+    assert ensure_service(cfg.serve).describe.remote().result()["model"] == cfg.serve.model
+    other = run_config(prepared, tmp_path, "serve.model=builtin:demo", "serve.layer_ids=[1,2,3,4]")
+    with pytest.raises(ValueError, match="serve shutdown"):
+        ensure_service(other.serve)

@@ -1,0 +1,150 @@
+"""Ray wiring of the evaluation stage: vLLM's τ for the exported drafter, beside the estimates.
+
+Each engine runs in its own Ray task (one at a time, on the resources of a
+Serve replica; the process exits afterwards so its memory is returned):
+1. vLLM with the exported drafter at every `eval.temperatures`;
+2. vLLM without a drafter (the tokens/s baseline);
+3. vLLM with an untrained drafter of the same shape (the floor, τ about 1);
+4. the offline replay of 1's greedy replies with the drafter outside vLLM
+   (raypipe.eval.offline), on the target's reference states.
+The training-time estimate comes from the run's ledger. `eval.json` and the
+plots are written to `eval.output` (default {train.output}/eval).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from raypipe.config import RaypipeConfig
+from raypipe.eval.offline import Replay, load_drafter, replay
+from raypipe.eval.prompts import load_prompts
+from raypipe.eval.report import compare, plot_acceptance, plot_training, training_estimate
+from raypipe.eval.spec_decode import Generation, generate_in_vllm
+from raypipe.storage import Storage
+from raypipe.train.export import EXPORT_DIR
+from raypipe.train.launcher import absolute
+from raypipe.train.loop import read_training_curve
+
+TRAINED, UNTRAINED = "trained", "untrained"
+
+
+def _export(cfg: RaypipeConfig) -> Storage:
+    export = Storage(absolute(f"{cfg.train.output}/{EXPORT_DIR}"), cfg.train.storage_options)
+    if not export.exists("export.json"):
+        raise ValueError(f"no exported drafter at {export.url}: train, then `raypipe export` with this config")
+    return export
+
+
+def _local_copy(export: Storage, directory: str) -> str:
+    """vLLM loads a local directory: copy the export's files (config, code, weights) into one."""
+    for rel in export.glob("*"):
+        Path(directory, rel).write_bytes(export.read(rel))
+    return directory
+
+
+def _target_and_layers(cfg: RaypipeConfig) -> tuple[str, list[int]]:
+    from transformers import AutoConfig
+
+    from raypipe.serve.deployment import resolve_model
+    from raypipe.serve.layers import resolve_layer_ids
+
+    target = resolve_model(cfg.serve.model)
+    return target, list(resolve_layer_ids(cfg.serve.layer_ids, AutoConfig.from_pretrained(target).num_hidden_layers))
+
+
+def _generate(config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]) -> list[Generation]:
+    """One vLLM engine: with the exported drafter, an untrained one of its shape, or none."""
+    from raypipe.train.drafter import build_drafter
+
+    cfg = RaypipeConfig.model_validate(config)
+    target, layer_ids = _target_and_layers(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = None
+        if drafter == TRAINED:
+            path = _local_copy(_export(cfg), tmp)
+        elif drafter == UNTRAINED:
+            build_drafter(target, layer_ids, cfg.train).save_pretrained(tmp)
+            path = tmp
+        return generate_in_vllm(
+            target, path, cfg.train.block_size - 1, prompts, temperatures, max_tokens=cfg.eval.max_tokens, dtype=cfg.serve.dtype,
+            max_model_len=cfg.serve.max_model_len, gpu_memory_utilization=cfg.serve.gpu_memory_utilization, enforce_eager=cfg.serve.enforce_eager,
+        )
+
+
+def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[list[int]]) -> Replay:
+    """The replay with the exported drafter on the target's reference states (fp32, transformers)."""
+    import torch
+
+    from raypipe.serve.hf_engine import TransformersEngine
+    from raypipe.train.drafter import build_drafter
+
+    cfg = RaypipeConfig.model_validate(config)
+    target, layer_ids = _target_and_layers(cfg)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    engine = TransformersEngine(target, tuple(layer_ids), dtype="float32", device=device)
+    with tempfile.TemporaryDirectory() as tmp:
+        drafter = load_drafter(build_drafter(target, layer_ids, cfg.train), _local_copy(_export(cfg), tmp)).to(device)
+    return replay(drafter, engine, prompts, replies)
+
+
+def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
+    """Measure, compare, plot; returns eval.json's content (also written to eval.output)."""
+    export = _export(cfg)
+    sample_ids, prompts = load_prompts(cfg)
+    config = cfg.model_dump()
+    on_replica = {"num_cpus": cfg.serve.num_cpus, "num_gpus": cfg.serve.num_gpus, "max_calls": 1}
+    generate = ray.remote(**on_replica)(_generate)
+    temps = cfg.eval.temperatures
+
+    print(f"[eval] {len(prompts)} prompts: vLLM with the trained drafter at temperatures {temps}", flush=True)
+    trained = ray.get(generate.remote(config, TRAINED, prompts, temps))
+    print("[eval] vLLM without a drafter", flush=True)
+    plain = ray.get(generate.remote(config, None, prompts, temps))
+    print("[eval] vLLM with an untrained drafter (the floor)", flush=True)
+    [untrained] = ray.get(generate.remote(config, UNTRAINED, prompts, [0.0]))
+    greedy = trained[temps.index(0.0)]
+    print("[eval] offline replay of the greedy replies", flush=True)
+    offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, greedy.replies))
+
+    steps = read_training_curve(Storage(absolute(cfg.train.output), cfg.train.storage_options), cfg.name)
+    comparisons = [compare("offline_replay", offline.tau, greedy.tau, cfg.eval.threshold)]
+    if steps:
+        comparisons.append(compare("training_estimate", training_estimate(steps), greedy.tau, cfg.eval.threshold))
+    baseline = {g.temperature: g for g in plain}
+    doc = {
+        "run": cfg.name,
+        "drafter": export.url,
+        "target": cfg.serve.model,
+        "prompts": {"source": cfg.eval.prompts, "count": len(prompts), "first_ids": sample_ids[:5], "max_tokens": cfg.eval.max_tokens},
+        "num_speculative_tokens": cfg.train.block_size - 1,
+        "tau": greedy.tau,
+        "vllm": [{**g.summary(), "speedup": g.tokens_per_s / baseline[g.temperature].tokens_per_s} for g in trained],
+        "vllm_without_drafter": [g.summary() for g in plain],
+        "vllm_untrained_drafter": untrained.summary(),
+        "offline_replay": offline.summary(),
+        "training": {"steps": len(steps), "final_loss": steps[-1]["loss"] if steps else None, "tau_estimate": training_estimate(steps) if steps else None},
+        "comparisons": comparisons,
+        "disagreement": any(c["flagged"] for c in comparisons),
+        "greedy_replies_match_without_drafter": greedy.replies == baseline[0.0].replies,
+    }
+    out = Storage(absolute(cfg.eval.output or f"{cfg.train.output}/eval"), cfg.train.storage_options)
+    with tempfile.TemporaryDirectory() as tmp:
+        if steps:
+            plot_training(steps, greedy.tau, Path(tmp, "training.png"))
+        series = {f"vLLM, temperature {g.temperature:g}": g.summary()["acceptance_per_position"] for g in trained}
+        series["offline replay, temperature 0"] = offline.summary()["acceptance_per_position"]
+        series["vLLM, untrained drafter"] = untrained.summary()["acceptance_per_position"]
+        plot_acceptance(series, Path(tmp, "acceptance.png"))
+        for name in sorted(p.name for p in Path(tmp).iterdir()):
+            out.write(name, Path(tmp, name).read_bytes())
+    doc["plots"] = [out.child(p).url for p in sorted(out.glob("*.png"))]
+    doc["output"] = out.url
+    out.write_json("eval.json", doc)
+    for c in comparisons:
+        if c["flagged"]:
+            print(f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} ({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)", flush=True)
+    return doc

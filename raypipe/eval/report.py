@@ -1,0 +1,63 @@
+"""The evaluation report: estimates set against vLLM's τ, and the plots (pure; no Ray, no engine).
+
+vLLM's greedy τ is the reference. Each estimate (the offline replay on the same
+prompts, the training-time estimate at the end of training) is compared with
+it by relative gap, and flagged above the threshold: peers' estimates of one
+checkpoint have been seen to differ by 70 %, so a silent estimate is not enough.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on cluster nodes
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def compare(name: str, estimate: float, vllm_tau: float, threshold: float) -> dict[str, Any]:
+    """An estimate next to vLLM's τ: relative gap, and whether it exceeds the threshold."""
+    gap = abs(estimate - vllm_tau) / vllm_tau
+    return {"estimate": name, "tau": estimate, "vllm_tau": vllm_tau, "relative_gap": gap, "flagged": gap > threshold}
+
+
+def training_estimate(steps: list[dict[str, float]], share: float = 0.1) -> float:
+    """Mean training-time τ estimate over the last `share` of the steps (single steps are noisy)."""
+    tail = steps[-max(1, round(len(steps) * share)) :]
+    return sum(s["tau_estimate"] for s in tail) / len(tail)
+
+
+def plot_training(steps: list[dict[str, float]], vllm_tau: float, path: Path) -> None:
+    """Loss and estimated τ against the step, with vLLM's measured greedy τ as a reference line."""
+    x = [s["step"] for s in steps]
+    fig, (loss_ax, tau_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    loss_ax.plot(x, [s["loss"] for s in steps], color="tab:blue")
+    loss_ax.set(title="Training loss", xlabel="optimizer step", ylabel="loss (KL to the target)")
+    loss_ax.set_yscale("log")
+    tau_ax.plot(x, [s["tau_estimate"] for s in steps], color="tab:orange", label="training estimate (random anchors)")
+    tau_ax.axhline(vllm_tau, color="tab:green", linestyle="--", label=f"vLLM measured, temperature 0 ({vllm_tau:.2f})")
+    tau_ax.set(title="Acceptance length τ", xlabel="optimizer step", ylabel="τ (tokens per verification step)")
+    tau_ax.legend(loc="lower right")
+    for ax in (loss_ax, tau_ax):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_acceptance(series: dict[str, list[float]], path: Path) -> None:
+    """Share of verification steps that accepted the draft at each position, one bar group per position."""
+    width = max(len(v) for v in series.values())
+    fig, ax = plt.subplots(figsize=(8, 4))
+    bar = 0.8 / len(series)
+    for i, (label, rates) in enumerate(series.items()):
+        ax.bar([p + 1 + (i - (len(series) - 1) / 2) * bar for p in range(len(rates))], rates, width=bar, label=label)
+    ax.set(title="Acceptance by draft position", xlabel="draft position (1 = first drafted token)", ylabel="accepted / verification steps", ylim=(0, 1.05))
+    ax.set_xticks(range(1, width + 1))
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
