@@ -99,10 +99,12 @@ class ServeConfig(_Strict):
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (required on CPU).")
     num_gpus: float = Field(default=1.0, ge=0, description="GPUs per replica (tensor_parallel_size for vLLM on GPUs).")
     num_cpus: float = Field(default=1.0, gt=0, description="CPUs per replica.")
-    resource: str | None = Field(default="serve_gpu", description="Custom resource each replica takes one of, keeping Serve GPUs apart from Train GPUs.")
+    resource: str | None = Field(default="serve_gpu", description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): it places them on the Serve node type, apart from Train GPUs.")
     min_replicas: int = Field(default=1, ge=0, description="Autoscaling lower bound.")
     max_replicas: int = Field(default=1, gt=0, description="Autoscaling upper bound.")
-    target_ongoing_requests: float = Field(default=4, gt=0, description="Autoscaling target per replica.")
+    target_ongoing_requests: float = Field(default=4, gt=0, description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are added.")
+    upscale_delay_s: float = Field(default=30.0, ge=0, description="Backlog above target this long before a replica is added.")
+    downscale_delay_s: float = Field(default=600.0, ge=0, description="Backlog below target this long before a replica is removed.")
     max_ongoing_requests: int = Field(default=32, gt=0, description="Requests a replica accepts at once.")
     canary: Literal["refuse", "warn", "off"] = Field(
         default="refuse", description="Parity canary against transformers at start-up: refuse to serve on mismatch, only warn, or skip."
@@ -141,7 +143,7 @@ class TrainConfig(_Strict):
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
     cpus_per_worker: float = Field(default=1.0, gt=0, description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.")
-    resource: str | None = Field(default="train_gpu", description="Custom resource each worker takes one of, keeping Train GPUs apart from Serve GPUs.")
+    resource: str | None = Field(default="train_gpu", description="Custom resource each worker takes one unit of: it places them on the Train node type, apart from Serve GPUs.")
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(default="PACK", description="Placement group strategy of the workers.")
     strategy: Literal["ddp", "fsdp2"] = Field(default="ddp", description="Data parallelism: DDP replicas, or FSDP2 sharding for large drafters.")
     attention: Literal["auto", "sdpa", "eager", "simple_flex_attention"] = Field(

@@ -68,7 +68,7 @@ def ray_cluster() -> Iterator[str]:
     import ray
 
     port = free_port()
-    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=False, _metrics_export_port=port)
+    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=True, _metrics_export_port=port)  # Ray Train checks its controller through the state API
     yield f"http://127.0.0.1:{port}/metrics"
     ray.shutdown()
 

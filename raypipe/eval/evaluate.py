@@ -24,6 +24,7 @@ from raypipe.eval.offline import Replay, load_drafter, replay
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import compare, plot_acceptance, plot_training, training_estimate
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
+from raypipe.serve.deployment import replica_resources
 from raypipe.storage import Storage
 from raypipe.train.export import EXPORT_DIR
 from raypipe.train.launcher import absolute
@@ -91,12 +92,25 @@ def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[lis
     return replay(drafter, engine, prompts, replies)
 
 
+def _record_metrics(run: str, trained: list[Generation], untrained: Generation, offline: Replay) -> None:
+    """The measured acceptance as Ray metrics (ray_raypipe_eval_*), beside the training ones on the dashboard."""
+    from ray.util.metrics import Gauge
+
+    tau = Gauge("raypipe_eval_tau", "Acceptance length: vLLM-measured (drafter=trained|untrained) or the offline replay.", ("run", "drafter", "temperature", "method"))
+    speed = Gauge("raypipe_eval_tokens_per_s", "Generated tokens per second in vLLM with the trained drafter.", ("run", "temperature"))
+    for g in trained:
+        tau.set(g.tau, {"run": run, "drafter": "trained", "temperature": f"{g.temperature:g}", "method": "vllm"})
+        speed.set(g.tokens_per_s, {"run": run, "temperature": f"{g.temperature:g}"})
+    tau.set(untrained.tau, {"run": run, "drafter": "untrained", "temperature": "0", "method": "vllm"})
+    tau.set(offline.tau, {"run": run, "drafter": "trained", "temperature": "0", "method": "offline_replay"})
+
+
 def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     """Measure, compare, plot; returns eval.json's content (also written to eval.output)."""
     export = _export(cfg)
     sample_ids, prompts = load_prompts(cfg)
     config = cfg.model_dump()
-    on_replica = {"num_cpus": cfg.serve.num_cpus, "num_gpus": cfg.serve.num_gpus, "max_calls": 1}
+    on_replica = {**replica_resources(cfg.serve), "max_calls": 1}  # a Serve replica's node type; the process exits after
     generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures
 
@@ -110,6 +124,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     print("[eval] offline replay of the greedy replies", flush=True)
     offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, greedy.replies))
 
+    _record_metrics(cfg.name, trained, untrained, offline)
     steps = read_training_curve(Storage(absolute(cfg.train.output), cfg.train.storage_options), cfg.name)
     comparisons = [compare("offline_replay", offline.tau, greedy.tau, cfg.eval.threshold)]
     if steps:

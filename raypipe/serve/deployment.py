@@ -175,11 +175,17 @@ class HiddenStateService:
         await self.batcher.submit([[0]])  # a real one-token extraction
 
 
+def replica_resources(cfg: ServeConfig) -> dict[str, Any]:
+    """Ray resources of one replica: CPUs, GPUs, and `serve.resource` (one unit per GPU, or one on CPU-only nodes)."""
+    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
+    if cfg.resource:
+        options["resources"] = {cfg.resource: cfg.num_gpus or 1}
+    return options
+
+
 def build_app(cfg: ServeConfig) -> Any:
     """The Serve application for a config: replicas, resources and limits from `serve.*`."""
-    actor_options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
-    if cfg.resource and cfg.num_gpus > 0:
-        actor_options["resources"] = {cfg.resource: cfg.num_gpus}
+    actor_options = replica_resources(cfg)
     engine_kwargs: dict[str, Any] = {"dtype": cfg.dtype}
     if cfg.engine == "vllm":
         engine_kwargs.update(
@@ -196,6 +202,8 @@ def build_app(cfg: ServeConfig) -> Any:
             "min_replicas": cfg.min_replicas,
             "max_replicas": cfg.max_replicas,
             "target_ongoing_requests": cfg.target_ongoing_requests,
+            "upscale_delay_s": cfg.upscale_delay_s,
+            "downscale_delay_s": cfg.downscale_delay_s,
         },
     ).bind(
         cfg.engine,
@@ -215,16 +223,14 @@ def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
     return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)
 
 
-def ensure_service(cfg: ServeConfig) -> Any:
-    """Attach to the running hidden-state service, or deploy it; returns the handle once it serves."""
+def attach_service(cfg: ServeConfig) -> Any | None:
+    """The running hidden-state service's handle if it serves what `cfg` needs, None if none runs; another target is an error."""
     try:
         status = serve.status().applications.get(APP_NAME)
     except Exception:  # noqa: BLE001 - Serve is not running on this cluster yet
         status = None
     if status is None or status.status != "RUNNING":
-        if cfg.model.startswith("builtin:"):
-            resolve_model(cfg.model)  # build it here with every core, not in the replica's one thread (it is cached on disk)
-        return run_service(cfg, blocking=False)
+        return None
     handle = serve.get_app_handle(APP_NAME)
     running = handle.describe.remote().result()
     wanted = {"engine": cfg.engine, "model": cfg.model, "dtype": cfg.dtype, "layer_ids": cfg.layer_ids or running["layer_ids"]}
@@ -234,3 +240,13 @@ def ensure_service(cfg: ServeConfig) -> Any:
             f"stop it (`serve shutdown -y`) or run with the serve.* settings it was started with"
         )
     return handle
+
+
+def ensure_service(cfg: ServeConfig) -> Any:
+    """Attach to the running hidden-state service, or deploy it; returns the handle once it serves."""
+    handle = attach_service(cfg)
+    if handle is not None:
+        return handle
+    if cfg.model.startswith("builtin:"):
+        resolve_model(cfg.model)  # build it here with every core, not in the replica's one thread (it is cached on disk)
+    return run_service(cfg, blocking=False)

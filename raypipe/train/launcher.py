@@ -63,8 +63,8 @@ def scaling_config(cfg: RaypipeConfig) -> Any:
     resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
     if tc.use_gpu:
         resources["GPU"] = 1
-        if tc.resource:
-            resources[tc.resource] = 1
+    if tc.resource:
+        resources[tc.resource] = 1
     return ScalingConfig(num_workers=tc.num_workers, use_gpu=tc.use_gpu, resources_per_worker=resources, placement_strategy=tc.placement_strategy)
 
 

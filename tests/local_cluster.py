@@ -1,0 +1,133 @@
+"""A second Ray cluster on this machine, started with `ray start --head` as a user would, for job tests.
+
+With `node_types` it is a fake multi-node cluster under the real autoscaler
+(Ray's fake_multinode provider: each "node" is a raylet on this machine with
+the node type's resources). Ray's own `AutoscalingCluster` reads a file the
+wheel does not ship and runs `ray stop --force`, which would also kill the
+test session's cluster; this one uses its own ports and temp dir and stops
+only its own processes (and their children, such as vLLM engine cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from tests.conftest import free_port
+
+BIN = Path(sys.executable).parent
+
+
+class LocalCluster:
+    def __init__(self, root: Path, head_cpus: float, node_types: dict[str, Any] | None = None, idle_timeout_minutes: float = 0.5) -> None:
+        self.root = root
+        self.head_cpus = head_cpus
+        self.node_types = node_types
+        self.idle_timeout_minutes = idle_timeout_minutes
+        self.gcs_port, self.dashboard_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.temp_dir = root / "ray"  # every process of this cluster has it in its command line
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment of the cluster and of job submission: one auth mode, this venv first on PATH."""
+        return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
+
+    def _autoscaling_config(self) -> Path:
+        gcs = f"{_node_ip()}:{self.gcs_port}"
+        config = {
+            "cluster_name": "fake", "max_workers": sum(t["max_workers"] for t in self.node_types.values()),
+            "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
+                         "disable_launch_config_check": True, "gcs_address": gcs},
+            "available_node_types": {"ray.head.default": {"resources": {"CPU": self.head_cpus}, "node_config": {}, "max_workers": 0}, **self.node_types},
+            "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": self.idle_timeout_minutes, "docker": {},
+            "initialization_commands": [], "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
+            "head_start_ray_commands": [], "worker_start_ray_commands": [], "file_mounts": {}, "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
+        }
+        path = self.root / "autoscaling.json"
+        path.write_text(json.dumps(config))
+        return path
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        ports = [free_port() for _ in range(5)]
+        cmd = [
+            str(BIN / "ray"), "start", "--head", f"--port={self.gcs_port}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.head_cpus}",
+            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+            f"--metrics-export-port={self.metrics_port}", f"--ray-client-server-port={ports[0]}", f"--dashboard-agent-listen-port={ports[1]}",
+            f"--dashboard-agent-grpc-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", f"--node-manager-port={ports[4]}",
+            "--disable-usage-stats",
+        ]
+        extra = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
+        if self.node_types:
+            cmd.append(f"--autoscaling-config={self._autoscaling_config()}")
+            extra.update(AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_FAKE_CLUSTER="1")
+        subprocess.run(cmd, env=self.env(**extra), check=True, capture_output=True, timeout=180)
+
+    def submit(self, entrypoint: str, working_dir: Path) -> str:
+        """`ray job submit --no-wait`; returns the submission id."""
+        out = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url, "--working-dir", str(working_dir), "--no-wait", "--", *entrypoint.split()],
+            env=self.env(), check=True, capture_output=True, text=True, timeout=300,
+        ).stdout
+        [line] = [x for x in out.splitlines() if "submitted successfully" in x]
+        return line.split("'")[1]
+
+    def wait(self, submission_id: str, timeout_s: float) -> tuple[str, str]:
+        """Poll the job until it ends; returns (status, logs)."""
+        from ray.job_submission import JobSubmissionClient
+
+        client = JobSubmissionClient(self.dashboard_url)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = str(client.get_job_status(submission_id).value)
+            if status in ("SUCCEEDED", "FAILED", "STOPPED"):
+                return status, client.get_job_logs(submission_id)
+            time.sleep(5)
+        client.stop_job(submission_id)
+        return "TIMEOUT", client.get_job_logs(submission_id)
+
+    def node_types_alive(self) -> list[str]:
+        """The node type of every alive worker node, from the autoscaler's view of the cluster."""
+        from ray.autoscaler.v2.sdk import get_cluster_status
+
+        status = get_cluster_status(f"{_node_ip()}:{self.gcs_port}")
+        return sorted(n.ray_node_type_name for n in status.active_nodes + status.idle_nodes if n.ray_node_type_name != "ray.head.default")
+
+    def stop(self) -> None:
+        """Kill this cluster's processes and their children; nothing else on the machine."""
+        mine = [p for p in psutil.process_iter(["cmdline"]) if str(self.temp_dir) in " ".join(p.info["cmdline"] or [])]
+        victims = {p for root in mine for p in [root, *_children(root)]}
+        for p in victims:
+            _signal(p, "terminate")
+        _, alive = psutil.wait_procs(list(victims), timeout=10)
+        for p in alive:
+            _signal(p, "kill")
+
+
+def _children(p: psutil.Process) -> list[psutil.Process]:
+    try:
+        return p.children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal(p: psutil.Process, how: str) -> None:
+    try:
+        getattr(p, how)()
+    except psutil.Error:
+        pass
+
+
+def _node_ip() -> str:
+    from ray._private.services import get_node_ip_address
+
+    return get_node_ip_address()

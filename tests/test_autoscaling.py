@@ -1,0 +1,75 @@
+"""The autoscaler grows a head-only cluster for a pipeline job and shrinks it after; the service scales on backlog.
+
+The fake node types mirror cluster.yaml's (same names and custom resources,
+this machine's size), so placement follows the same rules as on AWS.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_RESOURCES = {"cpu": {"CPU": 2}, "serve_gpu": {"CPU": 1, "serve_gpu": 1}, "train_gpu": {"CPU": 1, "train_gpu": 2}}
+
+
+def fake_node_types() -> dict:
+    """cluster.yaml's worker node types at this machine's size (no GPUs here: the custom resources do the placing)."""
+    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+    types = {n: t for n, t in cluster["available_node_types"].items() if n != cluster["head_node_type"]}
+    assert set(types) == set(FAKE_RESOURCES)
+    return {n: {"resources": FAKE_RESOURCES[n], "node_config": {}, "min_workers": t["min_workers"], "max_workers": 2} for n, t in types.items()}
+
+
+class NodeWatcher(threading.Thread):
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.peak, self.stopping = cluster, Counter(), threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(2):
+            try:
+                now = Counter(self.cluster.node_types_alive())
+            except Exception:  # noqa: BLE001 - the GCS may be busy for a moment on 2 cores
+                continue
+            self.peak |= now
+
+
+@pytest.fixture
+def fake_cluster(tmp_path: Path) -> LocalCluster:
+    cluster = LocalCluster(tmp_path / "cluster", head_cpus=0, node_types=fake_node_types(), idle_timeout_minutes=0.5)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def test_a_pipeline_scales_the_node_types_up_and_back_down(fake_cluster: LocalCluster, demo_target: str, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    overrides = [
+        "name=autoscaled", "data.sources=[{path: data/demo/heldout.jsonl}]", f"data.output={out}/prepared", "data.num_actors=1", "data.cpus_per_actor=1",
+        "serve.resource=serve_gpu", "serve.max_replicas=2", "serve.target_ongoing_requests=1", "serve.upscale_delay_s=2",
+        f"train.output={out}/train", "train.resource=train_gpu", "train.epochs=2", "train.hidden_states=online", "train.cache=null",
+        "eval.num_prompts=8", "eval.temperatures=[0.0]", "eval.max_tokens=24",
+    ]
+    assert fake_cluster.node_types_alive() == []  # head only
+    watcher = NodeWatcher(fake_cluster)
+    watcher.start()
+    status, logs = fake_cluster.wait(fake_cluster.submit(f"{sys.executable} jobs/pipeline.py --recipe demo {' '.join(overrides)}", ROOT), timeout_s=1500)
+    assert status == "SUCCEEDED", logs[-5000:]
+    assert watcher.peak["cpu"] >= 1 and watcher.peak["train_gpu"] >= 1, watcher.peak
+    assert watcher.peak["serve_gpu"] == 2, f"the service did not scale to its second replica on backlog: {watcher.peak}"
+
+    deadline = time.monotonic() + 240
+    while fake_cluster.node_types_alive() and time.monotonic() < deadline:
+        time.sleep(3)
+    watcher.stopping.set()
+    assert fake_cluster.node_types_alive() == [], "idle nodes were not removed after the idle timeout"
