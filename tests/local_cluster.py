@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ class LocalCluster:
         self.node_types = node_types
         self.idle_timeout_minutes = idle_timeout_minutes
         self.gcs_port, self.dashboard_port, self.metrics_port = free_port(), free_port(), free_port()
-        self.temp_dir = root / "ray"  # every process of this cluster has it in its command line
+        # Every process of this cluster has it in its command line; short, since Ray's socket paths must fit in 107 bytes.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
 
@@ -70,7 +73,8 @@ class LocalCluster:
         if self.node_types:
             cmd.append(f"--autoscaling-config={self._autoscaling_config()}")
             extra.update(AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_FAKE_CLUSTER="1")
-        subprocess.run(cmd, env=self.env(**extra), check=True, capture_output=True, timeout=180)
+        done = subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
     def submit(self, entrypoint: str, working_dir: Path) -> str:
         """`ray job submit --no-wait`; returns the submission id."""
@@ -111,6 +115,7 @@ class LocalCluster:
         _, alive = psutil.wait_procs(list(victims), timeout=10)
         for p in alive:
             _signal(p, "kill")
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def _children(p: psutil.Process) -> list[psutil.Process]:

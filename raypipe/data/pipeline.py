@@ -43,11 +43,11 @@ class _PrepareActor:
             chunk = Chunk(**json.loads(item))
             stats = self.output.write_shard(self.preparer.prepare(chunk))
             tags = {"source": chunk.source}
-            self.rows.inc(stats["rows_in"], tags)
-            self.kept.inc(stats["rows_kept"], tags)
-            self.tokens.inc(stats["tokens"], tags)
-            for code, n in stats["rejects_by_code"].items():
-                self.rejects.inc(n, {**tags, "reason": code})
+            counts = [(self.rows, stats["rows_in"], tags), (self.kept, stats["rows_kept"], tags), (self.tokens, stats["tokens"], tags)]
+            counts += [(self.rejects, n, {**tags, "reason": code}) for code, n in stats["rejects_by_code"].items()]
+            for counter, n, counter_tags in counts:
+                if n > 0:  # Ray counters refuse 0 (a shard whose rows were all rejected keeps none)
+                    counter.inc(n, counter_tags)
             out.append(json.dumps(stats))
         return {"stats": out}
 

@@ -103,6 +103,15 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
     assert any('reason="invalid_utf8"' in line for line in metrics["ray_raypipe_data_rejects_total"])
 
 
+def test_a_shard_whose_rows_are_all_rejected_is_written_and_counted(ray_cluster, tmp_path):
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "bad.jsonl").write_text('{"messages": []}\n{"prompt": "no known format"}\n')
+    manifest = run_prepare(config(inputs, tmp_path / "out"))
+    assert manifest["counts"]["rows_kept"] == 0 and manifest["counts"]["rows_rejected"] == 2
+    assert sum(manifest["rejects_by_code"].values()) == 2
+
+
 def test_killed_run_resumes_to_identical_output(ray_cluster, tmp_path):
     inputs = write_inputs(tmp_path / "in", n=3000)
     reference = run_prepare(config(inputs, tmp_path / "ref"))
