@@ -76,10 +76,11 @@ class LocalCluster:
         done = subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
-    def submit(self, entrypoint: str, working_dir: Path) -> str:
-        """`ray job submit --no-wait`; returns the submission id."""
+    def submit(self, entrypoint: list[str], working_dir: Path | None) -> str:
+        """`ray job submit --no-wait`; returns the submission id (the CLI quotes each argument for the job's shell)."""
+        upload = ["--working-dir", str(working_dir)] if working_dir else []
         out = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url, "--working-dir", str(working_dir), "--no-wait", "--", *entrypoint.split()],
+            [str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url, *upload, "--no-wait", "--", *entrypoint],
             env=self.env(), check=True, capture_output=True, text=True, timeout=300,
         ).stdout
         [line] = [x for x in out.splitlines() if "submitted successfully" in x]
@@ -104,7 +105,8 @@ class LocalCluster:
         from ray.autoscaler.v2.sdk import get_cluster_status
 
         status = get_cluster_status(f"{_node_ip()}:{self.gcs_port}")
-        return sorted(n.ray_node_type_name for n in status.active_nodes + status.idle_nodes if n.ray_node_type_name != "ray.head.default")
+        names = [n.ray_node_type_name for n in status.active_nodes + status.idle_nodes]
+        return sorted(n for n in names if n in (self.node_types or {}))  # the head shows under its node id
 
     def stop(self) -> None:
         """Kill this cluster's processes and their children; nothing else on the machine."""

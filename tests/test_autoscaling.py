@@ -1,11 +1,16 @@
 """The autoscaler grows a head-only cluster for a pipeline job and shrinks it after; the service scales on backlog.
 
 The fake node types mirror cluster.yaml's (same names and custom resources,
-this machine's size), so placement follows the same rules as on AWS.
+this machine's size), so placement follows the same rules as on AWS. The job
+runs in this checkout rather than an uploaded working dir: fake nodes share
+one disk, and a removed node's runtime-env agent deleted the uploaded package
+under the running driver (its working directory vanished mid-job);
+tests/test_jobs.py covers `--working-dir` on a real head node.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import time
@@ -63,7 +68,7 @@ def test_a_pipeline_scales_the_node_types_up_and_back_down(fake_cluster: LocalCl
     assert fake_cluster.node_types_alive() == []  # head only
     watcher = NodeWatcher(fake_cluster)
     watcher.start()
-    status, logs = fake_cluster.wait(fake_cluster.submit(f"{sys.executable} jobs/pipeline.py --recipe demo {' '.join(overrides)}", ROOT), timeout_s=1500)
+    status, logs = fake_cluster.wait(fake_cluster.submit(["bash", "-c", f"cd {ROOT} && {shlex.join([sys.executable, 'jobs/pipeline.py', '--recipe', 'demo', *overrides])}"], None), timeout_s=1500)
     assert status == "SUCCEEDED", logs[-5000:]
     assert watcher.peak["cpu"] >= 1 and watcher.peak["train_gpu"] >= 1, watcher.peak
     assert watcher.peak["serve_gpu"] == 2, f"the service did not scale to its second replica on backlog: {watcher.peak}"

@@ -73,10 +73,10 @@ def head(tmp_path: Path) -> LocalCluster:
 
 def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(head: LocalCluster, demo_target: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = f"--recipe demo data.output={out}/prepared train.output={out}/train train.cache={out}/cache"
+    job = [sys.executable, "jobs/pipeline.py", "--recipe", "demo", f"data.output={out}/prepared", f"train.output={out}/train", f"train.cache={out}/cache"]
     watcher = MetricsWatcher(head.metrics_url)
     watcher.start()
-    status, logs = head.wait(head.submit(f"{sys.executable} jobs/pipeline.py {args}", ROOT), timeout_s=1800)
+    status, logs = head.wait(head.submit(job, ROOT), timeout_s=1800)
     watcher.stopping.set()
     assert status == "SUCCEEDED", logs[-5000:]
     assert "[pipeline] demo: τ" in logs and "eval.json" in logs
@@ -93,6 +93,6 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(hea
     assert not any(missing.values()), f"not scraped: {missing}"
 
     # A re-submitted job skips every finished stage.
-    status, logs = head.wait(head.submit(f"{sys.executable} jobs/pipeline.py {args}", ROOT), timeout_s=600)
+    status, logs = head.wait(head.submit(job, ROOT), timeout_s=600)
     assert status == "SUCCEEDED", logs[-5000:]
     assert logs.count("done earlier with this config, skipped") == 4
