@@ -57,6 +57,7 @@ def fake_cluster(tmp_path: Path) -> LocalCluster:
     cluster.stop()
 
 
+@pytest.mark.timeout(1800)  # a pipeline job, then the idle timeout; slower when the suite shares the 2 cores
 def test_a_pipeline_scales_the_node_types_up_and_back_down(fake_cluster: LocalCluster, demo_target: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = [

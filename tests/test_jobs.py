@@ -71,6 +71,7 @@ def head(tmp_path: Path) -> LocalCluster:
     cluster.stop()
 
 
+@pytest.mark.timeout(1800)  # the demo pipeline twice (run, then resume); slower when the suite shares the 2 cores
 def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(head: LocalCluster, demo_target: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     job = [sys.executable, "jobs/pipeline.py", "--recipe", "demo", f"data.output={out}/prepared", f"train.output={out}/train", f"train.cache={out}/cache"]
