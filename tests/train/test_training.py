@@ -20,16 +20,11 @@ from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.storage import Storage
 from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
-from raypipe.train.loop import read_ledger
+from raypipe.train.loop import read_ledger, read_training_curve
 from tests.conftest import scrape_metrics
 from tests.train.conftest import run_config
 
 pytestmark = pytest.mark.integration
-
-
-def _steps(run: Storage, name: str, epochs: int) -> list[dict]:
-    steps = [s for e in range(epochs) for seg in read_ledger(run, name, e) for s in seg["steps"]]
-    return sorted(steps, key=lambda s: s["step"])
 
 
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(ray_cluster: str, prepared: Path, service, tmp_path: Path) -> None:
@@ -37,7 +32,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     result = run_training(cfg)
     assert result.error is None
     run = Storage(cfg.train.output, {})
-    steps = _steps(run, cfg.name, cfg.train.epochs)
+    steps = read_training_curve(run, cfg.name)
     assert [s["step"] for s in steps] == list(range(1, 201))
     first = sum(s["loss"] for s in steps[:20]) / 20
     last = sum(s["loss"] for s in steps[-20:]) / 20
@@ -105,7 +100,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted group.
     assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
     assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
-    steps = _steps(run, cfg.name, cfg.train.epochs)
+    steps = read_training_curve(run, cfg.name)
     assert [s["step"] for s in steps] == list(range(1, len(steps) + 1)), "steps after the checkpoint were replayed, not skipped or doubled"
 
 
@@ -115,7 +110,7 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepar
     cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
     assert run_training(cfg).error is None
     run = Storage(cfg.train.output, s3_server)
-    assert len(_steps(run, cfg.name, cfg.train.epochs)) == 6
+    assert len(read_training_curve(run, cfg.name)) == 6
     assert run.glob(f"ray_train/{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
     cached = Storage(cfg.train.cache, s3_server).glob("*/*.pt")
     assert len(cached) > 0
