@@ -114,36 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raypipe", description="Train DFlash drafters for chat models on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    prepare = sub.add_parser("prepare", help="Prepare datasets into token rows with assistant masks (Ray Data).")
-    prepare.add_argument("--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
-    prepare.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    prepare.set_defaults(func=cmd_prepare)
-
-    serve = sub.add_parser("serve", help="Run the hidden-state service (Ray Serve + vLLM) until stopped.")
-    serve.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
-    serve.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    serve.set_defaults(func=cmd_serve)
-
-    train = sub.add_parser("train", help="Train the DFlash drafter on Ray Train, fed by the service; exports it at the end.")
-    train.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
-    train.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    train.set_defaults(func=cmd_train)
-
-    export = sub.add_parser("export", help="Write the latest checkpoint's drafter as a directory vLLM loads (dflash).")
-    export.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
-    export.add_argument("--output", default=None, help="Export directory or URL; default: {train.output}/drafter.")
-    export.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    export.set_defaults(func=cmd_export)
-
-    evaluate = sub.add_parser("eval", help="Measure the exported drafter's acceptance in vLLM beside the offline and training estimates.")
-    evaluate.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
-    evaluate.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    evaluate.set_defaults(func=cmd_eval)
-
-    pipeline = sub.add_parser("pipeline", help="Prepare, serve, train, export and evaluate in one job; a re-run skips finished stages.")
-    pipeline.add_argument("--recipe", required=True, help="Recipe name or a YAML file.")
-    pipeline.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
-    pipeline.set_defaults(func=cmd_pipeline)
+    recipe_commands = [
+        ("prepare", "Prepare datasets into token rows with assistant masks (Ray Data).", cmd_prepare),
+        ("serve", "Run the hidden-state service (Ray Serve + vLLM) until stopped.", cmd_serve),
+        ("train", "Train the DFlash drafter on Ray Train, fed by the service; exports it at the end.", cmd_train),
+        ("export", "Write the latest checkpoint's drafter as a directory vLLM loads (dflash).", cmd_export),
+        ("eval", "Measure the exported drafter's acceptance in vLLM beside the offline and training estimates.", cmd_eval),
+        ("pipeline", "Prepare, serve, train, export and evaluate in one job; a re-run skips finished stages.", cmd_pipeline),
+    ]
+    for name, help_text, func in recipe_commands:
+        command = sub.add_parser(name, help=help_text)
+        command.add_argument("--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
+        if name == "export":
+            command.add_argument("--output", default=None, help="Export directory or URL; default: {train.output}/drafter.")
+        command.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+        command.set_defaults(func=func)
 
     corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
     corpus.add_argument("--output", required=True, help="Output directory.")
