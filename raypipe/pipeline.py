@@ -58,9 +58,10 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
 
     started = False
     if cfg.train.hidden_states != "offline":
-        started = attach_service(cfg.serve) is None
+        started = attach_service(cfg.serve) is None  # checks a running service serves this target
         print(f"[pipeline] {'starting' if started else 'attached to'} the hidden-state service", flush=True)
-        ensure_service(cfg.serve)
+        if started:
+            ensure_service(cfg.serve)
     try:
         result = run_training(cfg)
     finally:
