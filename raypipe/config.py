@@ -56,6 +56,9 @@ class DataConfig(_Strict):
         description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the tokenizer's own.",
     )
     enable_thinking: bool = Field(default=False, description="Passed to the template; with false the generation prompt ends in an empty think block.")
+    end_of_turn: str | None = Field(
+        default=None, description="The special token that ends an assistant turn (supervised, and where replies stop); default: probed from the template, never the tokenizer's eos."
+    )
     placeholder_reply: str = Field(default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on.")
     max_length: int = Field(default=3072, gt=0, description="Maximum tokens per row.")
     overlength: Literal["truncate", "reject"] = Field(
@@ -95,7 +98,12 @@ class ServeConfig(_Strict):
     max_sequences: int = Field(default=64, gt=0, description="Most sequences in one request.")
     max_batch_tokens: int = Field(default=16384, gt=0, description="Token budget of one engine call (and of one request).")
     tensor_parallel_size: int = Field(default=1, gt=0, description="vLLM tensor parallelism per replica.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's share of GPU memory (of CPU memory on CPU).")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's share of each GPU's memory (GPUs only; on CPU set kv_cache_gib).")
+    kv_cache_gib: float | None = Field(
+        default=None, gt=0,
+        description="vLLM's KV cache per engine in GiB, instead of gpu_memory_utilization. Required on CPU (num_gpus: 0), where a "
+        "utilization is a share of one NUMA node's memory, minus the engine's own RSS.",
+    )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (required on CPU).")
     num_gpus: float = Field(default=1.0, ge=0, description="GPUs per replica (tensor_parallel_size for vLLM on GPUs).")
     num_cpus: float = Field(default=1.0, gt=0, description="CPUs per replica.")
@@ -111,6 +119,15 @@ class ServeConfig(_Strict):
     )
     http_host: str = Field(default="127.0.0.1", description="HTTP ingress host (health, canary, stats); loopback unless set.")
     http_port: int = Field(default=8000, gt=0, lt=65536, description="HTTP ingress port.")
+
+    @model_validator(mode="after")
+    def _kv_cache_on_cpu(self) -> ServeConfig:
+        if self.engine == "vllm" and self.num_gpus == 0 and self.kv_cache_gib is None:
+            raise ValueError(
+                "serve.kv_cache_gib: set the KV cache size in GiB for vLLM on CPU (num_gpus: 0), e.g. serve.kv_cache_gib=1; "
+                "a gpu_memory_utilization there is a share of one NUMA node's memory and fails on small nodes"
+            )
+        return self
 
 
 class TrainConfig(_Strict):
@@ -149,6 +166,7 @@ class TrainConfig(_Strict):
     attention: Literal["auto", "sdpa", "eager", "simple_flex_attention"] = Field(
         default="auto", description="Drafter attention; auto: flex attention on GPU, sdpa on CPU (flex has no CPU backward)."
     )
+    log_every: int = Field(default=10, gt=0, description="Steps between metric reductions (one collective and one host sync each), progress lines and metric updates.")
     checkpoint_every: int = Field(default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end).")
     keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept in storage.")
     max_failures: int = Field(default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails.")
@@ -249,6 +267,6 @@ def load_config(recipe: str, overrides: list[str] = ()) -> RaypipeConfig:
         lines = []
         for e in err.errors():
             field = ".".join(str(p) for p in e["loc"]) or "root"
-            got = f" (got {e['input']!r})" if e["type"] != "missing" else ""
+            got = f" (got {e['input']!r})" if e["type"] != "missing" and not isinstance(e["input"], dict) else ""
             lines.append(f"  {field}: {e['msg']}{got}")
         raise ValueError(f"invalid config from {path.name}:\n" + "\n".join(lines)) from None

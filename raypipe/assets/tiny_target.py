@@ -1,8 +1,18 @@
-"""A tiny Qwen3-architecture target model, built in code so tests and CPU runs never download one.
+"""Tiny random targets of the production architectures, built in code so tests and CPU runs never download one.
 
-It has Qwen3's real vocabulary and tokenizer, so token ids, chat templates and
-hidden-state shapes behave as with a production Qwen3 target, at a size that
-runs a forward pass on one CPU core in milliseconds.
+- `qwen3`: Qwen3 (`Qwen3ForCausalLM`), Qwen3-8B's architecture.
+- `qwen36`: Qwen3.6 (`Qwen3_5ForConditionalGeneration`), Qwen3.6-27B's: a
+  composite config (`text_config` + `vision_config`), three Gated DeltaNet
+  (`linear_attention`) layers and one gated `full_attention` layer, a one-layer
+  vision tower, the vocabulary padded to Qwen3.6's 248,320 rows. Like Qwen's
+  base checkpoints its config and tokenizer name `<|endoftext|>` as eos: only
+  the template (and generation_config.json) say that a turn ends with `<|im_end|>`.
+
+Both have Qwen's real vocabulary and tokenizer (with raypipe's strict
+Qwen-style template), so token ids, templates and hidden-state shapes behave as
+with a production target, at a size that runs on one CPU core in milliseconds.
+Sizes are the smallest vLLM's CPU kernels accept: attention head dim 32, and
+Gated DeltaNet key/value head dim 128 (the CPU kernel refuses 32).
 """
 
 from __future__ import annotations
@@ -11,13 +21,16 @@ import json
 import os
 from pathlib import Path
 
+from typing import Any
+
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 
 from raypipe.assets.qwen_vocab import build_qwen_tokenizer, write_dir_atomically
 
 # Bump whenever the built model changes, so stale directories are refused instead of reused.
-TINY_TARGET_VERSION = "2"
+TINY_TARGET_VERSION = "3"
+ENDOFTEXT, IM_END = 151_643, 151_645
 
 _STAMP_FILE = "raypipe_tiny_target.json"
 
@@ -36,20 +49,60 @@ def tiny_target_config() -> Qwen3Config:
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
-        bos_token_id=151_643,
-        eos_token_id=151_645,
+        bos_token_id=ENDOFTEXT,
+        eos_token_id=IM_END,
         dtype="float32",
     )
 
 
-def build_tiny_target(output_dir: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Write the tiny target (fp32 safetensors + Qwen tokenizer) to `output_dir` once; later calls reuse it.
+def tiny_qwen36_config() -> PretrainedConfig:
+    """Qwen3.6-27B's composite config and layer pattern at toy width (rope and token ids as in Qwen3.6, ids of Qwen3's vocabulary)."""
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(
+        text_config={
+            "vocab_size": 248_320,
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "num_hidden_layers": 4,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "max_position_embeddings": 4096,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+            "tie_word_embeddings": False,
+            "bos_token_id": ENDOFTEXT,
+            "eos_token_id": ENDOFTEXT,
+            "dtype": "float32",
+        },
+        vision_config={"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128, "num_position_embeddings": 64},
+        image_token_id=151_655,
+        video_token_id=151_656,
+        vision_start_token_id=151_652,
+        vision_end_token_id=151_653,
+        tie_word_embeddings=False,
+    )
+
+
+ARCHITECTURES = ("qwen3", "qwen36")
+
+
+def build_tiny_target(output_dir: str | os.PathLike[str], seed: int = 0, arch: str = "qwen3") -> Path:
+    """Write the tiny `arch` target (fp32 safetensors + Qwen tokenizer) to `output_dir` once; later calls reuse it.
 
     The directory appears atomically, so concurrent builders and interrupted runs
     never leave a half-written model behind.
     """
     out = Path(output_dir).expanduser()
-    stamp = {"version": TINY_TARGET_VERSION, "seed": seed}
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny target architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
+    stamp = {"version": TINY_TARGET_VERSION, "seed": seed, "arch": arch}
     found = _read_stamp(out)
     if found is None:
         if out.exists() and any(out.iterdir()):
@@ -61,16 +114,26 @@ def build_tiny_target(output_dir: str | os.PathLike[str], seed: int = 0) -> Path
     return out
 
 
-def _read_stamp(out: Path) -> dict | None:
+def _read_stamp(out: Path) -> dict[str, Any] | None:
     path = out / _STAMP_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _write(directory: Path, stamp: dict) -> None:
+def _write(directory: Path, stamp: dict[str, Any]) -> None:
     """Initialise from the seed without disturbing the caller's RNG, then save model, tokenizer and stamp."""
+    tokenizer = build_qwen_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stamp["seed"])
-        model = Qwen3ForCausalLM(tiny_target_config())
+        if stamp["arch"] == "qwen3":
+            from transformers import Qwen3ForCausalLM
+
+            model = Qwen3ForCausalLM(tiny_target_config())
+        else:
+            from transformers import Qwen3_5ForConditionalGeneration
+
+            model = Qwen3_5ForConditionalGeneration(tiny_qwen36_config())
+            model.generation_config = GenerationConfig(bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT)
+            tokenizer.eos_token = "<|endoftext|>"
     model.save_pretrained(directory)
-    build_qwen_tokenizer().save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
     (directory / _STAMP_FILE).write_text(json.dumps(stamp))

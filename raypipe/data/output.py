@@ -80,7 +80,7 @@ class PreparedOutput(Storage):
         self.write(f"stats/{name}.json", _dumps(stats))
         return stats
 
-    def write_manifest(self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, template_hash: str) -> dict[str, Any]:
+    def write_manifest(self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, template_hash: str, end_of_turn: dict[str, Any]) -> dict[str, Any]:
         shards = [self.read_json(f"stats/{shard_name(c.index)}.json") for c in plan]
         totals = {k: sum(s[k] for s in shards) for k in COUNT_KEYS}
         assert totals["rows_in"] + totals["split_extra"] == totals["rows_kept"] + totals["rows_rejected"], "row accounting broke"
@@ -93,6 +93,7 @@ class PreparedOutput(Storage):
             "config_hash": config_hash,
             "tokenizer_hash": tokenizer_hash,
             "template_hash": template_hash,
+            "end_of_turn": end_of_turn,  # where on-policy replies stop
             "counts": totals,
             "rejects_by_code": dict(sorted(rejects.items())),
             "token_histogram": {

@@ -63,7 +63,7 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
     print(f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True)
     if todo:
         _run_actors(cfg, spec, todo)
-    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest())
+    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest(), {"token": spec.end_of_turn, "id": spec.end_of_turn_id})
     c = manifest["counts"]
     print(
         f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected {c['rows_rejected']}; "

@@ -25,11 +25,12 @@ class TokenizerSpec:
     tokenizer_json: str  # the fast tokenizer, serialized
     chat_template: str
     template_kwargs: dict[str, Any]  # special tokens and enable_thinking, as apply_chat_template passes them
-    end_of_turn: str  # the token that closes an assistant turn (the tokenizer's eos)
+    end_of_turn: str  # the token that closes an assistant turn (data.end_of_turn, else probed from the template)
+    end_of_turn_id: int
     reserved: tuple[str, ...]  # special tokens content must not contain
 
     def digest(self) -> str:
-        blob = json.dumps([self.tokenizer_json, self.chat_template, self.template_kwargs, self.end_of_turn, self.reserved], sort_keys=True)
+        blob = json.dumps([self.tokenizer_json, self.chat_template, self.template_kwargs, self.end_of_turn, self.end_of_turn_id, self.reserved], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def template_digest(self) -> str:
@@ -47,7 +48,9 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         return build_tokenizer()  # the demo target's own vocabulary, without training the target
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(name)
+    from raypipe.target import BUILTIN_TARGETS, resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(name) if name in BUILTIN_TARGETS else name)
     if not tok.is_fast:
         raise ValueError(f"data.tokenizer: {name} has no fast tokenizer; raypipe needs tokenizer.json")
     return tok
@@ -63,17 +66,42 @@ def resolve_template(tok: PreTrainedTokenizerBase, chat_template: str | None, to
     return Path(chat_template).read_text()
 
 
+PROBE_REPLY = "raypipe probe reply"
+
+
+def probe_end_of_turn(tok: PreTrainedTokenizerBase, template: str, template_kwargs: dict[str, Any], specials: tuple[str, ...]) -> str:
+    """The special token the template writes right after an assistant reply (e.g. `<|im_end|>`).
+
+    The tokenizer's eos is no guide: Qwen's base checkpoints name `<|endoftext|>`,
+    while their template ends every turn with `<|im_end|>`.
+    """
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": PROBE_REPLY}]
+    try:
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, **template_kwargs)
+    except Exception as err:  # noqa: BLE001 - any template error means the probe cannot tell
+        raise ValueError(f"data.end_of_turn: the template cannot render a probe conversation ({err}); set data.end_of_turn") from None
+    tail = text[text.find(PROBE_REPLY) + len(PROBE_REPLY) :] if PROBE_REPLY in text else ""
+    found = sorted((tail.find(t), t) for t in specials if t in tail)
+    if not found or tail[: found[0][0]].strip():
+        raise ValueError(f"data.end_of_turn: the template writes {tail[:40]!r} after a reply, not a special token; set data.end_of_turn to the token that ends a turn")
+    return found[0][1]
+
+
 def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, TokenizerSpec]:
     tok = load_tokenizer(cfg.tokenizer)
     template = resolve_template(tok, cfg.chat_template, cfg.tokenizer)
-    if not tok.eos_token:
-        raise ValueError(f"data.tokenizer: {cfg.tokenizer} has no eos token to end assistant turns")
     reserved = tuple(sorted(t.content for t in tok.added_tokens_decoder.values() if t.special))
+    template_kwargs = {**tok.special_tokens_map, "enable_thinking": cfg.enable_thinking}
+    end_of_turn = cfg.end_of_turn or probe_end_of_turn(tok, template, template_kwargs, reserved)
+    end_of_turn_ids = tok.encode(end_of_turn, add_special_tokens=False)
+    if end_of_turn not in reserved or len(end_of_turn_ids) != 1:
+        raise ValueError(f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: {', '.join(reserved)}")
     spec = TokenizerSpec(
         tokenizer_json=tok.backend_tokenizer.to_str(),
         chat_template=template,
-        template_kwargs={**tok.special_tokens_map, "enable_thinking": cfg.enable_thinking},
-        end_of_turn=tok.eos_token,
+        template_kwargs=template_kwargs,
+        end_of_turn=end_of_turn,
+        end_of_turn_id=end_of_turn_ids[0],
         reserved=reserved,
     )
     tok.chat_template = template

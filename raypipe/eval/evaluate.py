@@ -26,9 +26,10 @@ from raypipe.eval.report import compare, plot_acceptance, plot_training, trainin
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
 from raypipe.serve.deployment import replica_resources
 from raypipe.storage import Storage
+from raypipe.target import resolve_target
 from raypipe.train.export import EXPORT_DIR
 from raypipe.train.launcher import absolute
-from raypipe.train.loop import read_training_curve
+from raypipe.train.ledger import read_training_curve
 
 TRAINED, UNTRAINED = "trained", "untrained"
 
@@ -47,33 +48,21 @@ def _local_copy(export: Storage, directory: str) -> str:
     return directory
 
 
-def _target_and_layers(cfg: RaypipeConfig) -> tuple[str, list[int]]:
-    from transformers import AutoConfig
-
-    from raypipe.serve.deployment import resolve_model
-    from raypipe.serve.layers import resolve_layer_ids
-
-    target = resolve_model(cfg.serve.model)
-    return target, list(resolve_layer_ids(cfg.serve.layer_ids, AutoConfig.from_pretrained(target).num_hidden_layers))
-
-
 def _generate(config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]) -> list[Generation]:
     """One vLLM engine: with the exported drafter, an untrained one of its shape, or none."""
+    from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
 
     cfg = RaypipeConfig.model_validate(config)
-    target, layer_ids = _target_and_layers(cfg)
+    target = resolve_target(cfg.serve)
     with tempfile.TemporaryDirectory() as tmp:
         path = None
         if drafter == TRAINED:
             path = _local_copy(_export(cfg), tmp)
         elif drafter == UNTRAINED:
-            build_drafter(target, layer_ids, cfg.train).save_pretrained(tmp)
+            build_drafter(target, cfg.train).save_pretrained(tmp)
             path = tmp
-        return generate_in_vllm(
-            target, path, cfg.train.block_size - 1, prompts, temperatures, max_tokens=cfg.eval.max_tokens, dtype=cfg.serve.dtype,
-            max_model_len=cfg.serve.max_model_len, gpu_memory_utilization=cfg.serve.gpu_memory_utilization, enforce_eager=cfg.serve.enforce_eager,
-        )
+        return generate_in_vllm(engine_args(target, cfg.serve), path, cfg.train.block_size - 1, prompts, temperatures, max_tokens=cfg.eval.max_tokens)
 
 
 def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[list[int]]) -> Replay:
@@ -84,11 +73,11 @@ def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[lis
     from raypipe.train.drafter import build_drafter
 
     cfg = RaypipeConfig.model_validate(config)
-    target, layer_ids = _target_and_layers(cfg)
+    target = resolve_target(cfg.serve)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    engine = TransformersEngine(target, tuple(layer_ids), dtype="float32", device=device)
+    engine = TransformersEngine(target.path, target.layer_ids, dtype="float32", device=device)
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = load_drafter(build_drafter(target, layer_ids, cfg.train), _local_copy(_export(cfg), tmp)).to(device)
+        drafter = load_drafter(build_drafter(target, cfg.train), _local_copy(_export(cfg), tmp)).to(device)
     return replay(drafter, engine, prompts, replies)
 
 

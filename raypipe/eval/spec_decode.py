@@ -68,17 +68,13 @@ def _read(llm: Any) -> dict[str, Any]:
 
 
 def generate_in_vllm(
-    target: str, drafter: str | None, num_speculative_tokens: int, prompts: list[list[int]], temperatures: list[float], *,
-    max_tokens: int, dtype: str = "auto", max_model_len: int = 2048, gpu_memory_utilization: float = 0.9, enforce_eager: bool = False,
+    engine: dict[str, Any], drafter: str | None, num_speculative_tokens: int, prompts: list[list[int]], temperatures: list[float], *, max_tokens: int
 ) -> list[Generation]:
-    """Generate the prompt set once per temperature on one engine (speculative when `drafter` is given)."""
+    """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args), speculative when `drafter` is given."""
     from vllm import LLM, SamplingParams
 
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens} if drafter else None
-    llm = LLM(
-        model=target, speculative_config=speculative, dtype=dtype, max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager, disable_log_stats=False, seed=0,
-    )
+    llm = LLM(**engine, speculative_config=speculative)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
     runs = []
     for temperature in temperatures:

@@ -20,73 +20,41 @@ import torch
 from fastapi import FastAPI, HTTPException
 from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
-from transformers import AutoConfig
 
 from raypipe.config import ServeConfig
-
 from raypipe.serve.batching import TokenBudgetBatcher
 from raypipe.serve.canary import CanaryReport, canary_prompts, compare_states
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from raypipe.serve.layers import resolve_layer_ids
 from raypipe.serve.validate import validate_batch
+from raypipe.target import BUILTIN_TARGETS, resolve_model, resolve_target
 
 APP_NAME = "raypipe_hidden_states"
 api = FastAPI(title="raypipe hidden-state service")
 
 
-def resolve_model(model: str) -> str:
-    """`builtin:tiny` (random) and `builtin:demo` (trained, learnable) are built locally on each node, deterministically;
-    anything else is a path or hub id."""
-    if model in ("builtin:tiny", "builtin:demo"):
-        from raypipe.assets.qwen_vocab import cache_root
-
-        if model == "builtin:demo":
-            from raypipe.assets.demo_target import build_demo_target
-
-            return str(build_demo_target(cache_root() / "models" / "demo_target"))
-        from raypipe.assets.tiny_target import build_tiny_target
-
-        return str(build_tiny_target(cache_root() / "models" / "tiny_target"))
-    return model
-
-
 @serve.deployment
 @serve.ingress(api)
 class HiddenStateService:
-    def __init__(
-        self,
-        engine: str,
-        model: str,
-        layer_ids: list[int] | None,
-        *,
-        max_len: int = 4096,
-        max_sequences: int = 64,
-        max_batch_tokens: int = 16384,
-        canary: str = "refuse",
-        engine_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        model_dir = resolve_model(model)
-        config = AutoConfig.from_pretrained(model_dir)
-        self.model_dir = model_dir
-        self.layer_ids = resolve_layer_ids(layer_ids, config.num_hidden_layers)
-        if engine == "vllm":
+    def __init__(self, cfg: ServeConfig) -> None:
+        target = resolve_target(cfg)
+        self.target = target
+        self.layer_ids = target.layer_ids
+        if cfg.engine == "vllm":
             from raypipe.serve.vllm_engine import VllmEngine
 
-            self.engine: Any = VllmEngine(model_dir, self.layer_ids, max_model_len=max_len, **(engine_kwargs or {}))
-        elif engine == "transformers":
-            self.engine = TransformersEngine(model_dir, self.layer_ids, **(engine_kwargs or {}))
+            self.engine: Any = VllmEngine(target, cfg)
         else:
-            raise ValueError(f"serve.engine must be vllm or transformers, got {engine!r}")
-        self.identity = {"engine": engine, "model": model, "layer_ids": list(self.layer_ids), "dtype": (engine_kwargs or {}).get("dtype", "auto")}
+            self.engine = TransformersEngine(target.path, self.layer_ids, dtype=cfg.dtype)
+        self.identity = {"engine": cfg.engine, "model": cfg.model, "layer_ids": list(self.layer_ids), "dtype": cfg.dtype}
         self.limits = {
-            "vocab_size": config.vocab_size,
-            "max_len": max_len,
-            "max_sequences": max_sequences,
-            "max_tokens": max_batch_tokens,
+            "vocab_size": target.shape.vocab_size,
+            "max_len": cfg.max_model_len,
+            "max_sequences": cfg.max_sequences,
+            "max_tokens": cfg.max_batch_tokens,
         }
         self._engine_lock = threading.Lock()  # engines are not thread-safe: one call at a time
-        self.batcher = TokenBudgetBatcher(lambda seqs: self._call(self.engine.extract, seqs), max_batch_tokens)
+        self.batcher = TokenBudgetBatcher(lambda seqs: self._call(self.engine.extract, seqs), cfg.max_batch_tokens)
         self.requests = 0
         self.last_canary: CanaryReport | None = None
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
@@ -94,10 +62,10 @@ class HiddenStateService:
         self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
         self.m_queue = Gauge("raypipe_serve_queue_depth", "Extraction requests waiting for the engine.")
         self.m_canary = Gauge("raypipe_serve_canary_ok", "1 if the last parity canary passed, else 0.")
-        self.canary_mode = canary
-        if canary != "off":
+        self.canary_mode = cfg.canary
+        if cfg.canary != "off":
             report = self._canary()
-            if not report.ok and canary == "refuse":
+            if not report.ok and cfg.canary == "refuse":
                 raise RuntimeError(report.message())
 
     def _call(self, fn: Any, *args: Any) -> Any:
@@ -105,8 +73,8 @@ class HiddenStateService:
             return fn(*args)
 
     def _canary(self) -> CanaryReport:
-        reference = TransformersEngine(self.model_dir, self.layer_ids)
-        prompts = canary_prompts(reference.model.config.vocab_size)
+        reference = TransformersEngine(self.target.path, self.layer_ids)
+        prompts = canary_prompts(reference.vocab_size)
         self.last_canary = compare_states(self._call(self.engine.extract, prompts), reference.extract(prompts), self.layer_ids)
         self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
@@ -185,17 +153,8 @@ def replica_resources(cfg: ServeConfig) -> dict[str, Any]:
 
 def build_app(cfg: ServeConfig) -> Any:
     """The Serve application for a config: replicas, resources and limits from `serve.*`."""
-    actor_options = replica_resources(cfg)
-    engine_kwargs: dict[str, Any] = {"dtype": cfg.dtype}
-    if cfg.engine == "vllm":
-        engine_kwargs.update(
-            max_num_seqs=cfg.max_sequences,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
-        )
     return HiddenStateService.options(
-        ray_actor_options=actor_options,
+        ray_actor_options=replica_resources(cfg),
         max_ongoing_requests=cfg.max_ongoing_requests,
         logging_config={"enable_access_log": False},  # one line per extraction drowns the job's log
         autoscaling_config={
@@ -205,16 +164,7 @@ def build_app(cfg: ServeConfig) -> Any:
             "upscale_delay_s": cfg.upscale_delay_s,
             "downscale_delay_s": cfg.downscale_delay_s,
         },
-    ).bind(
-        cfg.engine,
-        cfg.model,
-        cfg.layer_ids,
-        max_len=cfg.max_model_len,
-        max_sequences=cfg.max_sequences,
-        max_batch_tokens=cfg.max_batch_tokens,
-        canary=cfg.canary,
-        engine_kwargs=engine_kwargs,
-    )
+    ).bind(cfg)
 
 
 def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
@@ -247,6 +197,6 @@ def ensure_service(cfg: ServeConfig) -> Any:
     handle = attach_service(cfg)
     if handle is not None:
         return handle
-    if cfg.model.startswith("builtin:"):
+    if cfg.model in BUILTIN_TARGETS:
         resolve_model(cfg.model)  # build it here with every core, not in the replica's one thread (it is cached on disk)
     return run_service(cfg, blocking=False)

@@ -15,18 +15,31 @@ from raypipe.serve.engine import Sampling
 from raypipe.serve.layers import check_layer_ids
 
 
+def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.ModuleList]:
+    """(decoder, token embeddings, decoder layers) of a causal LM, wherever its architecture keeps them.
+
+    Composite targets (Qwen3.5/3.6) load as their language model alone
+    (`AutoModelForCausalLM` maps them to the text-only class); `get_decoder()`
+    finds the decoder either way.
+    """
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(f"{type(model).__name__}: its decoder {type(decoder).__name__} has no `layers` list; raypipe cannot hook its hidden states")
+    return decoder, model.get_input_embeddings(), layers
+
+
 class TransformersEngine:
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32", device: str = "cpu") -> None:
         self.device = torch.device(device)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)).to(self.device).eval()
-        config = self.model.config
-        check_layer_ids(layer_ids, config.num_hidden_layers)
+        self.decoder, embeddings, layers = decoder_parts(self.model)
+        check_layer_ids(layer_ids, len(layers))
         self.layer_ids = tuple(layer_ids)
-        self.hidden_size = config.hidden_size
+        self.vocab_size = self.model.get_output_embeddings().weight.shape[0]
         self._captured: dict[int, torch.Tensor] = {}
-        base = self.model.model
         for layer_id in self.layer_ids:  # id 0: the embeddings; id i: what decoder layer i-1 puts out
-            module = base.embed_tokens if layer_id == 0 else base.layers[layer_id - 1]
+            module = embeddings if layer_id == 0 else layers[layer_id - 1]
             module.register_forward_hook(self._capture(layer_id))
 
     def _capture(self, layer_id: int) -> Any:
@@ -44,7 +57,7 @@ class TransformersEngine:
             ids[row, : len(seq)] = torch.tensor(seq)
             mask[row, : len(seq)] = 1
         self._captured.clear()
-        self.model.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
+        self.decoder(input_ids=ids.to(self.device), attention_mask=mask.to(self.device))
         states = torch.stack([self._captured[i] for i in self.layer_ids], dim=2).float().cpu()  # [B, T, n, H]
         return [states[row, :n] for row, n in enumerate(lengths)]
 

@@ -3,8 +3,7 @@
 vLLM computes the configured layers' residual streams (raypipe.serve.layers
 convention, which is vLLM's own) during prefill and raypipe's connector writes
 them per request to a memory-backed directory; each file is read once and
-removed. The same engine serves on-policy replies; with `with_states` a reply
-comes back with the states of prompt + reply from the same call.
+removed. The same engine serves on-policy replies.
 """
 
 from __future__ import annotations
@@ -17,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig
 
+from raypipe.config import ServeConfig
 from raypipe.serve.engine import Sampling
-from raypipe.serve.layers import check_layer_ids
+from raypipe.serve.vllm_args import engine_args
+from raypipe.target import Target
 
 
 def _memory_dir() -> str | None:
@@ -28,39 +28,14 @@ def _memory_dir() -> str | None:
 
 
 class VllmEngine:
-    def __init__(
-        self,
-        model_dir: str,
-        layer_ids: tuple[int, ...],
-        *,
-        dtype: str = "auto",
-        max_model_len: int = 4096,
-        max_num_seqs: int = 64,
-        tensor_parallel_size: int = 1,
-        gpu_memory_utilization: float = 0.9,
-        enforce_eager: bool = False,
-    ) -> None:
+    def __init__(self, target: Target, cfg: ServeConfig) -> None:
         from vllm import LLM
 
-        config = AutoConfig.from_pretrained(model_dir)
-        check_layer_ids(layer_ids, config.num_hidden_layers)
-        self.layer_ids = tuple(layer_ids)
-        self.hidden_size = config.hidden_size
-        self.max_model_len = max_model_len
+        self.layer_ids = target.layer_ids
         self.storage = Path(tempfile.mkdtemp(prefix="raypipe-hidden-", dir=_memory_dir()))
-        self.engine_calls = 0
         self.llm = LLM(
-            model=model_dir,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enforce_eager=enforce_eager,
-            enable_chunked_prefill=False,
-            enable_prefix_caching=False,
-            disable_log_stats=False,
-            seed=0,
+            **engine_args(target, cfg),
+            enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,
@@ -75,7 +50,6 @@ class VllmEngine:
         )
 
     def _run(self, prompts: list[list[int]], params: Any) -> list[Any]:
-        self.engine_calls += 1
         return self.llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
 
     def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
@@ -84,8 +58,8 @@ class VllmEngine:
         outputs = self._run(batch, SamplingParams(temperature=0.0, max_tokens=1))
         return [_take_states(out, ids) for out, ids in zip(outputs, batch)]
 
-    def generate(self, prompts: list[list[int]], sampling: Sampling, with_states: bool = False) -> Any:
-        """Replies; with `with_states`, also the states of prompt + reply (all but the last reply token)."""
+    def generate(self, prompts: list[list[int]], sampling: Sampling) -> list[list[int]]:
+        """Replies, through the end-of-turn token when the model emits it."""
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -93,16 +67,12 @@ class VllmEngine:
             top_p=sampling.top_p,
             max_tokens=sampling.max_tokens,
             seed=sampling.seed,
-            extra_args={"kv_transfer_params": {"include_output_tokens": True}} if with_states else None,
+            stop_token_ids=list(sampling.stop_token_ids),
         )
         outputs = self._run(prompts, params)
-        replies = [list(out.outputs[0].token_ids) for out in outputs]
-        if not with_states:
-            for out in outputs:
-                _remove(out.kv_transfer_params["hidden_states_path"])  # every finished request writes a file
-            return replies
-        states = [_take_states(out, ids + reply[:-1]) for out, ids, reply in zip(outputs, prompts, replies)]
-        return replies, states
+        for out in outputs:
+            _remove(out.kv_transfer_params["hidden_states_path"])  # every finished request writes a file
+        return [list(out.outputs[0].token_ids) for out in outputs]
 
     def close(self) -> None:
         self.llm = None

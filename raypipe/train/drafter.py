@@ -2,8 +2,9 @@
 
 Shape (hidden size, heads, head dim, rope, norms, vocabulary) comes from the
 target's config; the number of draft layers and the block size from
-`train.*`. The drafter reads the auxiliary target layers (the served layer
-ids but the last; raypipe's ids are vLLM's and speculators' convention) and
+`train.*`; composite targets (Qwen3.6) contribute their text config. The
+drafter reads the auxiliary target layers (the served layer ids but the
+last; raypipe's ids are vLLM's and speculators' convention) and
 takes its targets from the last one through the target's own final norm and
 LM head. Embedding and LM head are copied from the target and frozen.
 """
@@ -13,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from raypipe.config import TrainConfig
+from raypipe.target import Target
 
 
 def attention_implementation(cfg: TrainConfig) -> str:
@@ -53,35 +55,57 @@ def aux_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     return list(layer_ids[:-1])
 
 
-def build_drafter(target: str, layer_ids: list[int], cfg: TrainConfig) -> Any:
-    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen."""
-    from speculators.models.dflash import DFlashDraftModel
+def drafter_config(target: Target, cfg: TrainConfig) -> Any:
+    """speculators' DFlash config for the target: its text config's shape, `train.*`'s layers and block."""
+    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
     from speculators.train.cli import create_transformer_layer_config
 
-    target_config = AutoConfig.from_pretrained(target)
-    layer_config = create_transformer_layer_config(
-        verifier_name_or_path=target,
+    layer_config = create_transformer_layer_config(  # reads the text config of composite targets
+        verifier_name_or_path=target.path,
         num_layers=cfg.draft_layers,
         draft_arch="qwen3",
         hidden_act=None,
         sliding_window=cfg.step_tokens,
         full_attention_indices=list(range(cfg.draft_layers)),  # DFlash: full attention in every draft layer
     )
+    # Qwen3.5/3.6 rotate with M-RoPE, which equals RoPE on text. The drafter trains with plain RoPE (its layers
+    # ignore mrope_*), and vLLM refuses a drafter whose config names M-RoPE (speculators issue 570).
+    layer_config.rope_parameters = {k: v for k, v in (layer_config.rope_parameters or {}).items() if not k.startswith("mrope")}
+    kwargs = DFlashDraftModel._build_base_config_kwargs(  # noqa: SLF001 - what from_training_args does, minus reading weights
+        "dflash",
+        layer_config,
+        verifier_name_or_path=target.path,
+        draft_vocab_size=target.shape.vocab_size,
+        block_size=cfg.block_size,
+        target_layer_ids=aux_layer_ids(list(target.layer_ids), target.shape.num_layers),
+        mask_token_id=resolve_mask_token_id(target.path, cfg.mask_token_id, target.shape.vocab_size),
+        draft_attn_impl=attention_implementation(cfg),
+        # Training attends bidirectionally inside a block in full-attention layers; vLLM reads this flag
+        # as "non-causal" for every layer, so it must be set or vLLM drafts with a causal mask.
+        sliding_window_non_causal=True,
+    )
+    return DFlashSpeculatorConfig(**kwargs)
+
+
+def build_drafter(target: Target, cfg: TrainConfig) -> Any:
+    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen."""
+    from speculators.models.dflash import DFlashDraftModel
+
+    config = drafter_config(target, cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        model = DFlashDraftModel.from_training_args(
-            layer_config,
-            verifier_name_or_path=target,
-            draft_vocab_size=target_config.vocab_size,
-            block_size=cfg.block_size,
-            target_layer_ids=aux_layer_ids(layer_ids, target_config.num_hidden_layers),
-            mask_token_id=resolve_mask_token_id(target, cfg.mask_token_id, target_config.vocab_size),
-            draft_attn_impl=attention_implementation(cfg),
-            # Training attends bidirectionally inside a block in full-attention layers; vLLM reads this flag
-            # as "non-causal" for every layer, so it must be set or vLLM drafts with a causal mask.
-            sliding_window_non_causal=True,
-        )
+        model = DFlashDraftModel(config=config)
+    model.load_verifier_weights()
     return model
+
+
+def drafter_on_meta(target: Target, cfg: TrainConfig) -> Any:
+    """The drafter's modules on the meta device: shapes and parameter counts at any size, no weights read or allocated."""
+    from speculators.models.dflash import DFlashDraftModel
+
+    config = drafter_config(target, cfg)
+    with torch.device("meta"):
+        return DFlashDraftModel(config=config)
 
 
 def step_kwargs(cfg: TrainConfig) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def run_training(cfg: RaypipeConfig) -> Any:
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"config": cfg.model_dump()},
-        torch_config=TorchConfig(backend="nccl" if cfg.train.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"),  # checkpoint gathers use CPU tensors
         scaling_config=scaling_config(cfg),
         run_config=run_config(cfg),
     )

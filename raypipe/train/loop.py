@@ -1,77 +1,88 @@
-"""The per-worker training loop (runs inside a Ray Train worker; generic over the drafter).
+"""The per-worker training loop (runs inside a Ray Train worker), in named phases.
 
-1. Replies: the workers split the prepared shards whose needs_response rows
-   have no stored reply, ask the service for on-policy replies and store them.
-2. Plan: every worker computes the same epoch plan (raypipe.train.plan) from
-   the row lengths with replies, and trains its packs of each step.
-3. Step: the states of the next `prefetch` steps are in flight while the
-   current step computes; the drafter owns loss and metrics.
-4. Checkpoint every `checkpoint_every` steps, at each epoch end and at the end,
-   together with the ledger of the sample ids trained since the last one. A
-   restarted worker group resumes at the checkpoint's data cursor, so every
-   planned sample of an epoch is trained exactly once.
+1. Replies (`reply_phase`): the workers split the prepared shards whose
+   needs_response rows have no stored reply, ask the service for on-policy
+   replies (stopping at the data stage's end-of-turn token) and store them.
+2. Plan (`plan_epochs`): every worker computes the same epoch plans
+   (raypipe.train.plan) from the row lengths with replies.
+3. Model (`Trainer.__init__`): the drafter on the training device, frozen
+   embedding and heads in bf16 on GPUs, wrapped for DDP or FSDP2 (bf16
+   parameters, fp32 gradient reduction), optimizer and schedule, restored
+   from the last checkpoint if the worker group restarted.
+4. Steps (`Trainer.run`): hidden states of the next `prefetch` steps are in
+   flight; a background thread packs each step and copies it to the device
+   (raypipe.train.batches); metrics stay on the device until every
+   `log_every` steps (raypipe.train.metrics).
+5. Checkpoints every `checkpoint_every` steps, at each epoch end and at the
+   end, with the ledger of the samples trained since the last one
+   (raypipe.train.ledger). A restarted group resumes at the checkpoint's data
+   cursor, so every planned sample of an epoch is trained exactly once.
 """
 
 from __future__ import annotations
 
-import json
-import os
+import itertools
 import tempfile
 import time
-from collections import deque
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from transformers import AutoConfig
 
 from raypipe import __version__
 from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
-from raypipe.serve.layers import resolve_layer_ids
 from raypipe.storage import Storage
+from raypipe.target import Target, resolve_target
+from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from raypipe.train.drafter import build_drafter, step_kwargs
+from raypipe.train.ledger import Ledger
+from raypipe.train.metrics import StepMetrics, TrainMetrics
 from raypipe.train.plan import EpochPlan, lr_factor, plan_epoch
-from raypipe.train.rows import PreparedRows, Row, generate_replies
+from raypipe.train.rows import PreparedRows, generate_replies
 from raypipe.train.states import StateCache, stream_states
 
 
-def pack_tensors(rows: list[Row], states: list[torch.Tensor], device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """One packed sequence: rows end to end, positions restarting per row, states split into aux layers and the last."""
-    ids = np.concatenate([r.input_ids for r in rows])
-    mask = np.concatenate([r.loss_mask for r in rows])
-    docs = np.concatenate([np.full(len(r.input_ids), i) for i, r in enumerate(rows)])
-    pos = np.concatenate([np.arange(len(r.input_ids)) for r in rows])
-    hidden = torch.cat(states)  # [T, n_layers, H]
-    for r, s in zip(rows, states):
-        assert s.shape[0] == len(r.input_ids), f"states of {r.sample_id} have {s.shape[0]} positions for {len(r.input_ids)} tokens"
-    t = len(ids)
-    as_long = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).unsqueeze(0).to(device)  # noqa: E731
-    return {
-        "input_ids": as_long(ids),
-        "loss_mask": as_long(mask),
-        "document_ids": as_long(docs),
-        "position_ids": as_long(pos),
-        "hidden_states": hidden[:, :-1, :].reshape(1, t, -1).to(device, dtype),
-        "verifier_last_hidden_states": hidden[:, -1, :].reshape(1, t, -1).to(device, dtype),
-    }
-
-
-def precision(device: torch.device) -> tuple[Any, torch.dtype]:
-    """(autocast, states dtype): bf16 autocast on GPU; fp32 on CPU, where the served bf16 states are widened."""
+def precision(device: torch.device) -> tuple[AbstractContextManager[Any], torch.dtype]:
+    """(autocast, states dtype): bf16 on GPU; fp32 on CPU, where the served bf16 states are widened."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16), torch.bfloat16
     return torch.autocast("cpu", enabled=False), torch.float32
 
 
+def place_drafter(drafter: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
+    """The drafter on `device`, wrapped for data parallelism.
+
+    On GPUs the frozen embedding and heads (the target's, the largest tensors
+    of a drafter) are stored in bf16, and FSDP2 gathers parameters in bf16 and
+    reduces gradients in fp32.
+    """
+    drafter = drafter.to(device)
+    if device.type == "cuda":
+        for param in drafter.parameters():
+            if not param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+    if strategy == "fsdp2":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
+        for layer in drafter.layers:
+            fully_shard(layer, mp_policy=policy)
+        return fully_shard(drafter, mp_policy=policy)
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
+
+
 def train_step(
     model: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any,
-    batch: dict[str, torch.Tensor], kwargs: dict[str, Any], grad_clip: float, weight: float, autocast: Any,
+    batch: dict[str, torch.Tensor], kwargs: dict[str, Any], grad_clip: float, weight: float, autocast: AbstractContextManager[Any],
 ) -> dict[str, torch.Tensor]:
-    """One optimizer step on one packed sequence; the drafter computes loss and metrics."""
+    """One optimizer step on one packed sequence; the drafter computes loss and metrics (device tensors, not read here)."""
     with autocast:
         _, loss, model_metrics = model(**batch, **kwargs)
     (loss * weight).backward()
@@ -82,232 +93,165 @@ def train_step(
     return model_metrics
 
 
-class Ledger:
-    """What was trained since the last checkpoint, written with it: sample ids per rank, step metrics on rank 0.
+class Worker:
+    """What a worker knows before it trains: its rank, device, target, data and service client."""
 
-    It is the audit trail of exactly-once (a resumed run rewrites the segments
-    after its checkpoint) and the training curve (loss, estimated acceptance).
-    """
+    def __init__(self, cfg: RaypipeConfig) -> None:
+        import ray.train
+        from ray import serve
+        from ray.train.torch import get_device
 
-    def __init__(self, storage: Storage, rank: int) -> None:
-        self.storage = storage
-        self.rank = rank
-        self.ids: list[str] = []
-        self.steps: list[dict[str, float]] = []
-        self.start: tuple[int, int] | None = None
+        from raypipe.serve.client import HiddenStateClient
+        from raypipe.serve.deployment import APP_NAME
 
-    def add(self, epoch: int, cursor: int, sample_ids: list[str], metrics: dict[str, float] | None) -> None:
-        if self.start is None:
-            self.start = (epoch, cursor)
-        self.ids.extend(sample_ids)
-        if metrics is not None:
-            self.steps.append(metrics)
-
-    def flush(self, end_cursor: int) -> None:
-        if self.start is not None:
-            epoch, start = self.start
-            doc = {"epoch": epoch, "packs": [start, end_cursor], "rank": self.rank, "pid": os.getpid(), "sample_ids": self.ids, "steps": self.steps}
-            self.storage.write_json(f"epoch-{epoch:04d}/packs-{start:09d}-{end_cursor:09d}.rank-{self.rank:04d}.json", doc)
-        self.ids, self.steps, self.start = [], [], None
-
-    def drop_after(self, epoch: int, cursor: int) -> None:
-        """Forget segments of an interrupted attempt that start at or after the resumed cursor."""
-        for rel in self.storage.glob(f"epoch-{epoch:04d}/packs-*.json"):
-            if int(rel.rsplit("/", 1)[1].split("-")[1]) >= cursor:
-                self.storage.fs.rm(self.storage.path(rel))
-        for later in self.storage.glob("epoch-*"):
-            if int(later.rsplit("-", 1)[1]) > epoch:
-                self.storage.fs.rm(self.storage.path(later), recursive=True)
+        self.cfg = cfg
+        ctx = ray.train.get_context()
+        self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
+        self.device = get_device()
+        self.target: Target = resolve_target(cfg.serve)  # builtin targets are built on each node
+        self.run = Storage(cfg.train.output, cfg.train.storage_options)
+        self.rows = PreparedRows(
+            PreparedOutput(cfg.data.output, cfg.data.storage_options), self.run.child("replies"), cfg.data.max_length, cache_shards=cfg.train.shuffle_window + 1
+        )
+        self.client = HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.prefetch) if cfg.train.hidden_states != "offline" else None
 
 
-def _metrics(model_metrics: dict[str, torch.Tensor], extra: dict[str, float], block_size: int) -> dict[str, float]:
-    """Sum every rank's counts, then turn sum/total pairs into means."""
-    keys = sorted(model_metrics) + sorted(extra)
-    vec = torch.tensor([float(model_metrics[k]) for k in sorted(model_metrics)] + [extra[k] for k in sorted(extra)], dtype=torch.float64)
-    dist.all_reduce(vec)
-    summed = dict(zip(keys, vec.tolist()))
-    out = {k[: -len("_sum")]: summed[k] / max(summed[k[: -len("_sum")] + "_total"], 1.0) for k in keys if k.endswith("_sum")}
-    out["tau_estimate"] = out.pop("eal")
-    for pos in range(block_size):
-        if f"position_{pos}_acc" in out:
-            out[f"acc_pos_{pos}"] = out.pop(f"position_{pos}_acc")
-    out.update({k: summed[k] for k in extra})
-    return out
+def reply_phase(w: Worker) -> None:
+    """On-policy replies for needs_response rows, once per run directory; every rank leaves with all replies loaded."""
+    tc = w.cfg.train
+    sampling = {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed, "stop_token_ids": [w.rows.end_of_turn_id]}
+    w.rows.check_replies_meta({"target": w.cfg.serve.model, "data_manifest_sha256": w.rows.manifest_sha256, "sampling": sampling}, write=w.rank == 0)
+    todo = w.rows.shards_needing_replies()
+    if todo:
+        if w.client is None:
+            raise ValueError(f"{len(todo)} prepared shards have needs_response rows without stored replies; run once online or hybrid so the service replies")
+        client = w.client
+        generate_replies(w.rows, todo[w.rank :: w.world], lambda batches: client.stream(batches, "generate", sampling=sampling))
+    while w.rows.shards_needing_replies():  # other ranks still replying: poll storage, since a collective would time out on long reply phases
+        time.sleep(5)
+    w.rows.load_replies()
 
 
-class _TrainMetrics:
-    """Prometheus metrics of the trainer (exported by Ray with a ray_ prefix)."""
-
-    def __init__(self, run: str) -> None:
-        from ray.util.metrics import Counter, Gauge
-
-        tags = ("run",)
-        self.tags = {"run": run}
-        self.loss = Gauge("raypipe_train_loss", "Training loss of the last step.", tags)
-        self.tau = Gauge("raypipe_train_tau_estimate", "Acceptance length estimated from the last step's draft accuracy.", tags)
-        self.wait = Gauge("raypipe_train_wait_fraction", "Share of the last step spent waiting for hidden states.", tags)
-        self.lr = Gauge("raypipe_train_lr", "Learning rate.", tags)
-        self.tokens_per_s = Gauge("raypipe_train_tokens_per_s", "Tokens trained per second, all workers.", tags)
-        self.steps = Counter("raypipe_train_steps", "Optimizer steps taken.", tags)
-        self.accuracy = Gauge("raypipe_train_accuracy", "Draft accuracy of the last step by block position.", ("run", "position"))
-
-    def record(self, m: dict[str, float]) -> None:
-        self.loss.set(m["loss"], self.tags)
-        self.tau.set(m["tau_estimate"], self.tags)
-        self.wait.set(m["wait_fraction"], self.tags)
-        self.lr.set(m["lr"], self.tags)
-        self.tokens_per_s.set(m["tokens_per_s"], self.tags)
-        self.steps.inc(1, self.tags)
-        for key, value in m.items():
-            if key.startswith("acc_pos_"):
-                self.accuracy.set(value, {**self.tags, "position": key[len("acc_pos_") :]})
+def plan_epochs(w: Worker) -> tuple[list[EpochPlan], int]:
+    """Every epoch's plan and the total optimizer steps (all epochs, capped by train.max_steps)."""
+    tc = w.cfg.train
+    lengths = w.rows.lengths()
+    plans = [plan_epoch(w.rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens) for e in range(tc.epochs)]
+    total = sum(p.steps(w.world) for p in plans)
+    return plans, min(total, tc.max_steps) if tc.max_steps is not None else total
 
 
-def _wrap(model: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
-    if strategy == "fsdp2":
-        from torch.distributed.fsdp import fully_shard
+class Trainer:
+    def __init__(self, w: Worker, plans: list[EpochPlan], total_steps: int) -> None:
+        import ray.train
 
-        for layer in model.layers:
-            fully_shard(layer)
-        return fully_shard(model)
-    from torch.nn.parallel import DistributedDataParallel
+        tc = w.cfg.train
+        self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
+        self.drafter = build_drafter(w.target, tc)
+        self.model = place_drafter(self.drafter, tc.strategy, w.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio))
+        self.state = TrainingState()
+        self.ledger = Ledger(w.run.child(f"ledger/{w.cfg.name}"), w.rank)
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as d:
+                self.state = load_checkpoint(Path(d), self.model, self.optimizer, self.scheduler)
+        dist.barrier()
+        if w.rank == 0:
+            self.ledger.drop_after(self.state.epoch, self.state.cursor)
+        dist.barrier()
+        self.provenance = {
+            "raypipe_version": __version__,
+            "target": w.cfg.serve.model,
+            "target_path": w.target.path,
+            "layer_ids": list(w.target.layer_ids),
+            "data_manifest_sha256": w.rows.manifest_sha256,
+            "world_size": w.world,
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+        }
+        self.cache = StateCache(Storage(tc.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids)) if tc.cache else None
+        self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
+        self.metrics = StepMetrics(w.device)
+        self.kwargs = step_kwargs(tc)
+        self.autocast, self.states_dtype = precision(w.device)
+        torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors differ per rank and step, reproducibly
 
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    def steps_of_epoch(self, plan: EpochPlan) -> Iterator[Step]:
+        """This rank's packs from the cursor; a rank without a pack in the epoch's last step repeats its step's first pack at zero weight (DDP needs every rank)."""
+        w, cursor = self.w, self.state.cursor
+        for s in range(min(plan.steps(w.world, cursor), self.total_steps - self.state.step)):
+            index = plan.pack_index(cursor, s, w.rank, w.world)
+            yield Step(index, [w.rows.row(int(i)) for i in plan.packs[index if index is not None else cursor + s * w.world]])
+
+    def with_states(self, steps: Iterator[Step]) -> Iterator[tuple[Step, list[torch.Tensor]]]:
+        """Each step with its rows' hidden states, requested `prefetch` steps ahead."""
+        for_ids, for_rows = itertools.tee(steps)
+        packs = ([r.input_ids for r in step.rows] for step in for_ids)
+        return zip(for_rows, stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses))
+
+    def log(self, lr: float) -> dict[str, float]:
+        """Reduce the interval's metrics (a collective), then report them from rank 0."""
+        m = self.metrics.reduce()
+        m.update(
+            epoch=self.state.epoch, step=self.state.step, lr=lr,
+            wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
+            tokens_per_s=m["tokens"] / max(m["step_s"] / self.w.world, 1e-9),
+        )
+        if self.prometheus is not None:
+            self.prometheus.record(m)
+            self.ledger.log(m)
+            print(
+                f"[train] step {self.state.step}/{self.total_steps} epoch {self.state.epoch} loss {m['loss']:.4f} tau~{m['tau_estimate']:.2f} "
+                f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%",
+                flush=True,
+            )
+        return m
+
+    def checkpoint(self, m: dict[str, float]) -> None:
+        """Ledger, then checkpoint; report() is a barrier costing seconds, so it is only called here."""
+        import ray.train
+
+        self.ledger.flush(self.state.cursor)
+        with tempfile.TemporaryDirectory() as tmp:
+            save_checkpoint(Path(tmp), self.model, self.drafter, self.optimizer, self.scheduler, self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
+            report = {k: m[k] for k in ("step", "epoch", "loss", "tau_estimate")}
+            ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.w.rank == 0 else None)
+
+    def run(self) -> None:
+        tc, state = self.tc, self.state
+        while state.epoch < tc.epochs and state.step < self.total_steps:
+            plan = self.plans[state.epoch]
+            self.model.train()
+            tick = time.perf_counter()
+            for step, batch in DeviceFeeder(self.with_states(self.steps_of_epoch(plan)), self.w.device, self.states_dtype):
+                waited = time.perf_counter() - tick
+                lr = self.optimizer.param_groups[0]["lr"]
+                weight = 1.0 if step.index is not None else 0.0
+                model_metrics = train_step(self.model, self.params, self.optimizer, self.scheduler, batch, self.kwargs, tc.grad_clip, weight, self.autocast)
+                cursor_before = state.cursor
+                state.step += 1
+                state.cursor = min(state.cursor + self.w.world, len(plan.packs))
+                tokens = float(batch["input_ids"].shape[1]) if step.index is not None else 0.0
+                self.metrics.add(model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick)
+                self.ledger.add(state.epoch, cursor_before, [r.sample_id for r in step.rows] if step.index is not None else [])
+                at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
+                checkpoint = state.step % tc.checkpoint_every == 0 or at_end
+                if state.step % tc.log_every == 0 or checkpoint:
+                    m = self.log(lr)
+                    if checkpoint:
+                        self.checkpoint(m)
+                tick = time.perf_counter()
+            if state.cursor >= len(plan.packs):
+                state.epoch += 1
+                state.cursor = 0
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker."""
-    import ray.train
-    from ray import serve
-    from ray.train.torch import get_device
-
-    from raypipe.serve.client import HiddenStateClient
-    from raypipe.serve.deployment import APP_NAME, resolve_model
-
-    cfg = RaypipeConfig.model_validate(loop_config["config"])
-    target = resolve_model(cfg.serve.model)  # builtin:tiny is built on each node
-    layer_ids = list(resolve_layer_ids(cfg.serve.layer_ids, AutoConfig.from_pretrained(target).num_hidden_layers))
-    tc = cfg.train
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    device = get_device()
-    run = Storage(tc.output, tc.storage_options)
-    rows = PreparedRows(PreparedOutput(cfg.data.output, cfg.data.storage_options), run.child("replies"), cfg.data.max_length, cache_shards=tc.shuffle_window + 1)
-    client = HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=tc.prefetch) if tc.hidden_states != "offline" else None
-
-    # 1. On-policy replies for needs_response rows, once per run directory.
-    sampling = {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed}
-    rows.check_replies_meta({"target": cfg.serve.model, "data_manifest_sha256": rows.manifest_sha256, "sampling": sampling}, write=rank == 0)
-    todo = rows.shards_needing_replies()
-    if todo:
-        if client is None:
-            raise ValueError(f"{len(todo)} prepared shards have needs_response rows without stored replies; run once online or hybrid so the service replies")
-        generate_replies(rows, todo[rank::world], lambda batches: client.stream(batches, "generate", sampling=sampling))
-    while rows.shards_needing_replies():  # other ranks still replying: poll storage, since a collective would time out on long reply phases
-        time.sleep(5)
-    rows.load_replies()
-    lengths = rows.lengths()
-    plans = [plan_epoch(rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens) for e in range(tc.epochs)]
-    total_steps = sum(p.steps(world) for p in plans)
-    if tc.max_steps is not None:
-        total_steps = min(total_steps, tc.max_steps)
-
-    # 2. Drafter, optimizer, schedule; resume from the last checkpoint if the group restarted.
-    drafter = build_drafter(target, layer_ids, tc).to(device)
-    model = _wrap(drafter, tc.strategy, device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio))
-    state = TrainingState()
-    ledger = Ledger(run.child(f"ledger/{cfg.name}"), rank)
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            state = load_checkpoint(Path(d), model, optimizer, scheduler)
-    dist.barrier()
-    if rank == 0:
-        ledger.drop_after(state.epoch, state.cursor)
-    dist.barrier()
-    provenance = {
-        "raypipe_version": __version__,
-        "target": cfg.serve.model,
-        "target_path": target,
-        "layer_ids": layer_ids,
-        "data_manifest_sha256": rows.manifest_sha256,
-        "world_size": world,
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-    }
-    cache = StateCache(Storage(tc.cache, tc.storage_options), cfg.serve.model, layer_ids) if tc.cache else None
-    metrics = _TrainMetrics(cfg.name) if rank == 0 else None
-    kwargs = step_kwargs(tc)
-    autocast, states_dtype = precision(device)
-    torch.manual_seed(tc.seed * 1_000_003 + rank * 7_919 + state.step)  # anchors differ per rank and step, reproducibly
-
-    def checkpoint_now(m: dict[str, float]) -> None:
-        """Ledger, then checkpoint; report() is a barrier costing seconds, so it is only called here."""
-        ledger.flush(state.cursor)
-        with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(Path(tmp), model, drafter, optimizer, scheduler, state, cfg.model_dump(), provenance, write=rank == 0)
-            ray.train.report(m, checkpoint=ray.train.Checkpoint.from_directory(tmp) if rank == 0 else None)
-
-    # 3. Epochs from the cursor.
-    while state.epoch < tc.epochs and state.step < total_steps:
-        plan = plans[state.epoch]
-        steps = min(plan.steps(world, state.cursor), total_steps - state.step)
-        pending: deque[tuple[int | None, list[Row]]] = deque()
-
-        def sequences(plan: EpochPlan = plan, steps: int = steps, cursor: int = state.cursor) -> Any:
-            for s in range(steps):
-                index = plan.pack_index(cursor, s, rank, world)
-                # A rank without a pack in the epoch's last step repeats its step's first pack at zero weight (DDP needs every rank).
-                step_rows = [rows.row(int(i)) for i in plan.packs[index if index is not None else s * world]]
-                pending.append((index, step_rows))
-                yield [r.input_ids for r in step_rows]
-
-        model.train()
-        waited = 0.0
-        tick = time.perf_counter()
-        for states in stream_states(sequences(), tc.hidden_states, client, cache, tc.store_misses):
-            got = time.perf_counter()
-            waited = got - tick
-            index, step_rows = pending.popleft()
-            batch = pack_tensors(step_rows, states, device, states_dtype)
-            lr = optimizer.param_groups[0]["lr"]
-            model_metrics = train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0 if index is not None else 0.0, autocast)
-            cursor_before = state.cursor
-            state.step += 1
-            state.cursor = min(state.cursor + world, len(plan.packs))
-            done = time.perf_counter()
-            step_time = done - tick
-            tokens = float(batch["input_ids"].shape[1]) if index is not None else 0.0
-            m = _metrics(model_metrics, {"tokens": tokens, "wait_s": waited, "step_s": step_time}, tc.block_size)
-            m.update(
-                epoch=state.epoch, step=state.step, lr=lr,
-                wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
-                tokens_per_s=m["tokens"] / max(m["step_s"] / world, 1e-9),
-            )
-            ledger.add(state.epoch, cursor_before, [r.sample_id for r in step_rows] if index is not None else [], m if rank == 0 else None)
-            if metrics is not None:
-                metrics.record(m)
-                if state.step % 10 == 0 or state.step == total_steps:
-                    print(f"[train] step {state.step}/{total_steps} epoch {state.epoch} loss {m['loss']:.4f} tau~{m['tau_estimate']:.2f} "
-                          f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%", flush=True)
-            if state.step % tc.checkpoint_every == 0 or state.cursor >= len(plan.packs) or state.step >= total_steps:
-                checkpoint_now(m)
-            tick = time.perf_counter()
-        if state.cursor >= len(plan.packs):
-            state.epoch += 1
-            state.cursor = 0
-
-
-def read_ledger(run: Storage, name: str, epoch: int) -> list[dict[str, Any]]:
-    """The ledger segments of run `name`'s epoch (what each rank trained, checkpoint to checkpoint)."""
-    return [json.loads(run.read(rel)) for rel in run.glob(f"ledger/{name}/epoch-{epoch:04d}/packs-*.json")]
-
-
-def read_training_curve(run: Storage, name: str) -> list[dict[str, float]]:
-    """Every step's metrics of run `name` (rank 0's ledger entries), in step order."""
-    epochs = sorted(int(rel.rsplit("-", 1)[1]) for rel in run.glob(f"ledger/{name}/epoch-*"))
-    return sorted((s for e in epochs for seg in read_ledger(run, name, e) for s in seg["steps"]), key=lambda s: s["step"])
-
+    w = Worker(RaypipeConfig.model_validate(loop_config["config"]))
+    reply_phase(w)
+    plans, total_steps = plan_epochs(w)
+    Trainer(w, plans, total_steps).run()

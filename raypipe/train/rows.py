@@ -43,6 +43,7 @@ class PreparedRows:
         self.prepared = prepared
         self.manifest = prepared.read_manifest()
         self.manifest_sha256 = hashlib.sha256(prepared.read("manifest.json")).hexdigest()
+        self.end_of_turn_id: int = self.manifest["end_of_turn"]["id"]  # where on-policy replies stop
         self.replies = replies
         self.max_length = max_length
         self.shard_files = [s["file"] for s in self.manifest["shards"]]

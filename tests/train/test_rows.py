@@ -14,7 +14,7 @@ import torch
 from raypipe.data.output import PreparedOutput
 from raypipe.data.prepare import PREPARED_SCHEMA
 from raypipe.storage import Storage
-from raypipe.train.loop import Ledger
+from raypipe.train.ledger import Ledger
 from raypipe.train.rows import PreparedRows, generate_replies
 from raypipe.train.states import StateCache, stream_states
 
@@ -34,7 +34,7 @@ def _prepared(root: Path) -> PreparedOutput:
         (root / "data").mkdir(parents=True, exist_ok=True)
         pq.write_table(table, root / "data" / f"part-{i:06d}.parquet")
         shards.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard)})
-    (root / "manifest.json").write_text(json.dumps({"shards": shards}))
+    (root / "manifest.json").write_text(json.dumps({"shards": shards, "end_of_turn": {"token": "<|im_end|>", "id": 151645}}))
     return PreparedOutput(str(root), {})
 
 
@@ -89,9 +89,9 @@ def test_ledger_forgets_segments_after_the_resumed_cursor(tmp_path: Path) -> Non
     storage = Storage(str(tmp_path / "ledger"), {})
     ledger = Ledger(storage, rank=0)
     for start, end in ((0, 4), (4, 8), (8, 12)):
-        ledger.add(0, start, [f"s{start}"], None)
+        ledger.add(0, start, [f"s{start}"])
         ledger.flush(end)
-    ledger.add(1, 0, ["t"], None)
+    ledger.add(1, 0, ["t"])
     ledger.flush(2)
     ledger.drop_after(0, 4)  # resumed from the checkpoint at cursor 4 of epoch 0
     assert storage.glob("*/*.json") == ["epoch-0000/packs-000000000-000000004.rank-0000.json"]

@@ -20,7 +20,7 @@ from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.storage import Storage
 from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
-from raypipe.train.loop import read_ledger, read_training_curve
+from raypipe.train.ledger import read_ledger, read_training_curve
 from tests.conftest import scrape_metrics
 from tests.train.conftest import run_config
 

@@ -1,0 +1,41 @@
+"""The options of every vLLM engine raypipe starts (service, replies, evaluation), in one place.
+
+- KV cache: an explicit size (`serve.kv_cache_gib`) where set, which CPU
+  engines need; else `serve.gpu_memory_utilization` of each GPU.
+- Prefix caching off: raypipe never reuses a prefix (every extraction and
+  evaluation prompt is new), and for hybrid targets (Gated DeltaNet layers,
+  Qwen3.5/3.6) prefix caching selects vLLM's mamba cache mode 'align', which
+  needs chunked prefill and, during speculative decoding, a Triton-only kernel
+  that the CPU build lacks.
+- Multimodal targets (Qwen3.6 has a vision tower) take text only: no image or
+  video inputs, so vLLM reserves nothing for them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raypipe.config import ServeConfig
+from raypipe.target import Target
+
+
+def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for the target under `serve.*`."""
+    args: dict[str, Any] = {
+        "model": target.path,
+        "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,
+        "max_num_seqs": cfg.max_sequences,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "enforce_eager": cfg.enforce_eager,
+        "enable_prefix_caching": False,
+        "disable_log_stats": False,  # the spec-decode counters the evaluation reads
+        "seed": 0,
+    }
+    if cfg.kv_cache_gib is not None:
+        args["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * (1 << 30))
+    else:
+        args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    if target.shape.multimodal:
+        args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
+    return args

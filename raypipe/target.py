@@ -1,0 +1,102 @@
+"""The target model: where `builtin:` names are built, and the dimensions every stage reads from it.
+
+Composite targets (Qwen3.5/3.6 are `Qwen3_5ForConditionalGeneration`: a
+`text_config` beside a `vision_config`) keep the language model's dimensions in
+the text config, so every stage reads them through `TargetShape`, never from
+the top-level config. Hybrid targets mix Gated DeltaNet (`linear_attention`)
+with full-attention layers; vLLM must run them without prefix caching
+(raypipe.serve.vllm_args).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raypipe.config import ServeConfig
+
+# Built in code on first use, cached under $RAYPIPE_CACHE/models; see raypipe/assets.
+BUILTIN_TARGETS = {
+    "builtin:tiny": "a tiny random Qwen3 (Qwen vocabulary)",
+    "builtin:tiny_qwen36": "a tiny random Qwen3.6-architecture model: composite config, Gated DeltaNet + gated attention layers, a vision tower",
+    "builtin:demo": "a tiny Qwen3 trained in code on structured chat (learnable replies)",
+}
+
+
+def resolve_model(model: str) -> str:
+    """The directory (or hub id) of a target: `builtin:` targets are built locally on each node, deterministically."""
+    if model not in BUILTIN_TARGETS:
+        if model.startswith("builtin:"):
+            raise ValueError(f"serve.model: unknown builtin target {model!r}; choose one of {', '.join(BUILTIN_TARGETS)} or give a path / Hugging Face id")
+        return model
+    from raypipe.assets.qwen_vocab import cache_root
+
+    name = model.split(":", 1)[1]
+    directory = cache_root() / "models" / f"{name}_target"
+    if model == "builtin:demo":
+        from raypipe.assets.demo_target import build_demo_target
+
+        return str(build_demo_target(directory))
+    from raypipe.assets.tiny_target import build_tiny_target
+
+    return str(build_tiny_target(directory, arch="qwen36" if model == "builtin:tiny_qwen36" else "qwen3"))
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """The language model's dimensions, read from the text config of any Hugging Face target."""
+
+    architecture: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    layer_types: tuple[str, ...]  # per decoder layer: full_attention, linear_attention, sliding_attention, ...
+    multimodal: bool  # a vision (or audio) tower beside the language model
+
+    @classmethod
+    def of(cls, config: Any) -> TargetShape:
+        text = config.get_text_config()
+        layers = int(text.num_hidden_layers)
+        return cls(
+            architecture=(config.architectures or [type(config).__name__])[0],
+            num_layers=layers,
+            hidden_size=int(text.hidden_size),
+            vocab_size=int(text.vocab_size),
+            layer_types=tuple(getattr(text, "layer_types", None) or ["full_attention"] * layers),
+            multimodal=text is not config,
+        )
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layers keep a recurrent state instead of a KV cache (vLLM's mamba-style cache)."""
+        return any(t not in ("full_attention", "sliding_attention") for t in self.layer_types)
+
+    def state_bytes_per_token(self, num_layer_ids: int, dtype_bytes: int = 2) -> int:
+        """Bytes of served hidden states per token: one hidden vector per served layer id."""
+        return num_layer_ids * self.hidden_size * dtype_bytes
+
+
+def load_shape(model_dir: str) -> TargetShape:
+    from transformers import AutoConfig
+
+    return TargetShape.of(AutoConfig.from_pretrained(model_dir))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A resolved target: where it is, its shape, and the layer ids the service serves and the drafter reads."""
+
+    name: str  # as configured (serve.model)
+    path: str  # local directory or hub id
+    shape: TargetShape
+    layer_ids: tuple[int, ...]  # raypipe.serve.layers convention; the last is the target's last layer for the drafter
+
+
+def resolve_target(cfg: ServeConfig) -> Target:
+    """`serve.model` built or located, its shape read, `serve.layer_ids` checked or defaulted."""
+    from raypipe.serve.layers import resolve_layer_ids
+
+    path = resolve_model(cfg.model)
+    shape = load_shape(path)
+    return Target(cfg.model, path, shape, resolve_layer_ids(cfg.layer_ids, shape.num_layers))

@@ -1,0 +1,87 @@
+"""Training metrics: summed on the training device, reduced across ranks once per logged interval.
+
+The drafter returns sum/total pairs as 0-dim tensors on the device (loss,
+accuracy per block position, estimated acceptance). Reading any of them on
+the host waits for the GPU, so a step only adds them to a device vector;
+every `train.log_every` steps (and at checkpoints) the vector, with the
+host-side timings appended, is all-reduced on the device in one collective
+and copied to the host once. Host floats never enter a collective: with
+`cpu:gloo,cuda:nccl` a CPU tensor would take the gloo path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class StepMetrics:
+    """Sums of the drafter's metrics and the step timings since the last reduction."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.keys: list[str] | None = None
+        self.sums: torch.Tensor | None = None
+        self.host: dict[str, float] = {}
+        self.steps = 0
+
+    def add(self, model_metrics: dict[str, torch.Tensor], **host: float) -> None:
+        """One step: device tensors stay on the device (no host sync), host values are summed on the host."""
+        if self.keys is None:
+            self.keys = sorted(model_metrics)
+        vec = torch.stack([model_metrics[k].detach().to(self.device, torch.float64) for k in self.keys])
+        self.sums = vec if self.sums is None else self.sums + vec
+        for key, value in host.items():
+            self.host[key] = self.host.get(key, 0.0) + value
+        self.steps += 1
+
+    def reduced_on_device(self) -> torch.Tensor:
+        """The sums of every rank (a collective: every rank calls it at the same step), still on the device."""
+        assert self.sums is not None and self.keys is not None, "no step since the last reduction"
+        host = torch.tensor([self.host[k] for k in sorted(self.host)], dtype=torch.float64).to(self.device, non_blocking=True)
+        vec = torch.cat([self.sums, host])
+        dist.all_reduce(vec)
+        return vec
+
+    def reduce(self) -> dict[str, float]:
+        """Means of the sum/total pairs and totals of the host values, over ranks and steps; resets the sums."""
+        assert self.keys is not None
+        summed = dict(zip(self.keys + sorted(self.host), self.reduced_on_device().tolist()))
+        out = {k[: -len("_sum")]: summed[k] / max(summed[k[: -len("_sum")] + "_total"], 1.0) for k in self.keys if k.endswith("_sum")}
+        out["tau_estimate"] = out.pop("eal")
+        for key in [k for k in out if k.startswith("position_") and k.endswith("_acc")]:
+            out[f"acc_pos_{key.split('_')[1]}"] = out.pop(key)
+        out.update({k: summed[k] for k in self.host})
+        out["steps"] = float(self.steps)
+        self.sums, self.host, self.steps = None, {}, 0
+        return out
+
+
+class TrainMetrics:
+    """Prometheus metrics of the trainer (exported by Ray with a ray_ prefix), set from rank 0 at each log."""
+
+    def __init__(self, run: str) -> None:
+        from ray.util.metrics import Counter, Gauge
+
+        tags = ("run",)
+        self.tags = {"run": run}
+        self.loss = Gauge("raypipe_train_loss", "Training loss, mean over the last logged interval.", tags)
+        self.tau = Gauge("raypipe_train_tau_estimate", "Acceptance length estimated from the last interval's draft accuracy.", tags)
+        self.wait = Gauge("raypipe_train_wait_fraction", "Share of the last interval spent waiting for hidden states.", tags)
+        self.lr = Gauge("raypipe_train_lr", "Learning rate.", tags)
+        self.tokens_per_s = Gauge("raypipe_train_tokens_per_s", "Tokens trained per second, all workers.", tags)
+        self.steps = Counter("raypipe_train_steps", "Optimizer steps taken.", tags)
+        self.accuracy = Gauge("raypipe_train_accuracy", "Draft accuracy of the last interval by block position.", ("run", "position"))
+
+    def record(self, m: dict[str, Any]) -> None:
+        self.loss.set(m["loss"], self.tags)
+        self.tau.set(m["tau_estimate"], self.tags)
+        self.wait.set(m["wait_fraction"], self.tags)
+        self.lr.set(m["lr"], self.tags)
+        self.tokens_per_s.set(m["tokens_per_s"], self.tags)
+        self.steps.inc(m["steps"], self.tags)
+        for key, value in m.items():
+            if key.startswith("acc_pos_"):
+                self.accuracy.set(value, {**self.tags, "position": key[len("acc_pos_") :]})
