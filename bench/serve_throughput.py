@@ -21,7 +21,6 @@ import random
 import time
 from pathlib import Path
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 
 LAYERS = (1, 2, 4)
 OUT = Path(__file__).parent / "out"
@@ -50,26 +49,27 @@ def main() -> None:
     from ray import serve
 
     from raypipe.assets.tiny_target import build_tiny_target
+    from raypipe.config import ServeConfig
     from raypipe.serve.client import HiddenStateClient
     from raypipe.serve.deployment import HiddenStateService
     from raypipe.serve.hf_engine import TransformersEngine
     from raypipe.serve.vllm_engine import VllmEngine
+    from raypipe.target import resolve_target
 
-    model = str(build_tiny_target(OUT / "tiny_target_v2"))
+    model = str(build_tiny_target(OUT / "tiny_target_v3"))
     batches = make_batches(args.batches, args.seqs, args.len)
     tokens = args.batches * args.seqs * args.len
-    engine_kwargs = {"dtype": "bfloat16", "max_num_seqs": args.seqs, "gpu_memory_utilization": 0.1, "enforce_eager": True}
-
-    engine = VllmEngine(model, LAYERS, max_model_len=args.len + 16, **engine_kwargs)
+    cfg = ServeConfig(
+        model=model, layer_ids=list(LAYERS), dtype="bfloat16", max_model_len=args.len + 16, max_sequences=args.seqs, max_batch_tokens=args.seqs * args.len,
+        kv_cache_gib=2, enforce_eager=True, num_gpus=0, num_cpus=1, resource=None, canary="off",
+    )
+    engine = VllmEngine(resolve_target(cfg), cfg)
     t_inproc, _ = timed(engine.extract, batches)
     engine.close()
     del engine
 
     ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 1, "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}}}).bind(
-        "vllm", model, list(LAYERS), max_len=args.len + 16, max_sequences=args.seqs, max_batch_tokens=args.seqs * args.len,
-        canary="off", engine_kwargs=engine_kwargs,
-    )
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 1}).bind(cfg)
     handle = serve.run(app, name="bench", route_prefix=None)
     client = HiddenStateClient(handle, max_in_flight=4)
     client.extract(batches[0])

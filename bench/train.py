@@ -25,18 +25,19 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 OUT = Path(__file__).parent / "out" / "train_bench"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 
 def steady(steps: list[dict], warmup: int) -> dict[str, float]:
-    kept = steps[warmup:]
+    """Totals over the logged intervals after `warmup` steps (the runs log every step: train.log_every=1)."""
+    kept = [s for s in steps if s["step"] > warmup]
+    n = sum(s.get("steps", 1) for s in kept)
     step_s = sum(s["step_s"] for s in kept)
     wait_s = sum(s["wait_s"] for s in kept)
     tokens = sum(s["tokens"] for s in kept)
-    return {"steps": len(kept), "tokens_per_s": tokens / step_s, "step_s": step_s / len(kept), "compute_s": (step_s - wait_s) / len(kept), "wait_fraction": wait_s / step_s}
+    return {"steps": n, "tokens_per_s": tokens / step_s, "step_s": step_s / n, "compute_s": (step_s - wait_s) / n, "wait_fraction": wait_s / step_s}
 
 
 def plain_loop(cfg, steps: int) -> list[dict]:
@@ -44,27 +45,25 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     import torch
 
     from raypipe.data.output import PreparedOutput
-    from raypipe.serve.deployment import resolve_model
-    from raypipe.serve.layers import resolve_layer_ids
     from raypipe.storage import Storage
+    from raypipe.target import resolve_target
+    from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.loop import pack_tensors, precision, train_step
+    from raypipe.train.loop import precision, train_step
     from raypipe.train.plan import lr_factor, plan_epoch
     from raypipe.train.rows import PreparedRows
     from raypipe.train.states import StateCache, stream_states
-    from transformers import AutoConfig
 
     tc = cfg.train
-    target = resolve_model(cfg.serve.model)
-    layer_ids = list(resolve_layer_ids(cfg.serve.layer_ids, AutoConfig.from_pretrained(target).num_hidden_layers))
+    target = resolve_target(cfg.serve)
     rows = PreparedRows(PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length)
     rows.load_replies()
     plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
-    model = build_drafter(target, layer_ids, tc)
+    model = build_drafter(target, tc)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.warmup_ratio))
-    cache = StateCache(Storage(tc.cache, {}), cfg.serve.model, layer_ids)
+    cache = StateCache(Storage(tc.cache, {}), cfg.serve.model, list(target.layer_ids))
     autocast, dtype = precision(torch.device("cpu"))
     kwargs = step_kwargs(tc)
     packs = [[rows.row(int(i)) for i in plan.packs[s]] for s in range(steps)]
@@ -73,7 +72,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     tick = time.perf_counter()
     for pack, states in zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)):
         waited = time.perf_counter() - tick
-        batch = pack_tensors(pack, states, torch.device("cpu"), dtype)
+        batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
         train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
         out.append({"tokens": float(batch["input_ids"].shape[1]), "wait_s": waited, "step_s": time.perf_counter() - tick})
         tick = time.perf_counter()
@@ -116,7 +115,7 @@ def main() -> None:
     from raypipe.data.pipeline import run_prepare
     from raypipe.serve.deployment import APP_NAME, build_app
     from raypipe.storage import Storage
-    from raypipe.train.loop import read_ledger
+    from raypipe.train.ledger import read_ledger
     from raypipe.train.launcher import latest_checkpoint, run_training
 
     shutil.rmtree(OUT, ignore_errors=True)
@@ -132,7 +131,7 @@ def main() -> None:
                 f"name={name}", f"data.sources=[{{path: {OUT}/src/*.jsonl}}]", f"data.output={OUT}/prepared", "data.max_length=512",
                 "serve.max_model_len=1024", f"train.output={OUT}/run", f"train.cache={OUT}/cache", f"train.hidden_states={mode}",
                 "train.step_tokens=512", "train.max_anchors=16", "train.reply_max_tokens=16", "train.num_workers=1",
-                f"train.max_steps={args.steps}", "train.epochs=1", "train.checkpoint_every=1000000",
+                f"train.max_steps={args.steps}", "train.epochs=1", "train.checkpoint_every=1000000", "train.log_every=1",
             ],
         )
 

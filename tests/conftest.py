@@ -11,7 +11,7 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # one auth mode for the test cluster and its clients
 
-from raypipe.config import DataConfig  # noqa: E402
+from raypipe.config import DataConfig, ServeConfig  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E402
 
@@ -19,6 +19,15 @@ from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E40
 def data_config(**overrides: Any) -> DataConfig:
     base: dict[str, Any] = {"sources": [{"path": "unused"}], "output": "unused", "tokenizer": "builtin:qwen", "chat_template": "qwen_strict"}
     return DataConfig.model_validate({**base, **overrides})
+
+
+def serve_config(model: str, **overrides: Any) -> ServeConfig:
+    """A service config for CPU tests: no GPU, no custom resource, a 1 GiB KV cache, small limits."""
+    base: dict[str, Any] = {
+        "model": model, "dtype": "float32", "max_model_len": 256, "max_sequences": 8, "max_batch_tokens": 2048,
+        "num_gpus": 0, "num_cpus": 0.5, "resource": None, "kv_cache_gib": 1, "enforce_eager": True,
+    }
+    return ServeConfig.model_validate({**base, **overrides})
 
 
 _SPECS: dict[tuple, tuple] = {}
@@ -57,7 +66,7 @@ def raypipe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def demo_target(raypipe_cache: Path) -> str:
     """The demo target, trained once per session where `builtin:demo` resolves (about 3 minutes on 2 cores)."""
-    from raypipe.serve.deployment import resolve_model
+    from raypipe.target import resolve_model
 
     return resolve_model("builtin:demo")
 

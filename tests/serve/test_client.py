@@ -11,6 +11,7 @@ from raypipe.serve.client import HiddenStateClient
 from raypipe.serve.deployment import HiddenStateService
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.validate import BadRequest
+from tests.conftest import serve_config
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 4]
@@ -19,7 +20,7 @@ LAYERS = [1, 4]
 def test_killed_replica_every_batch_returns_once_and_correct(ray_cluster, tiny_target):
     # One request per engine call (budget = one request's tokens), so requests queue on the replica.
     app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
-        "transformers", tiny_target, LAYERS, max_len=256, max_batch_tokens=1024, canary="off"
+        serve_config(tiny_target, engine="transformers", layer_ids=LAYERS, max_batch_tokens=1024, max_sequences=64, canary="off")
     )
     handle = serve.run(app, name="client_test", route_prefix=None)
     try:

@@ -9,7 +9,7 @@ from ray import serve
 from raypipe.serve.deployment import HiddenStateService
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from tests.conftest import scrape_metrics
+from tests.conftest import scrape_metrics, serve_config
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 2, 4]
@@ -18,7 +18,7 @@ LAYERS = [1, 2, 4]
 @pytest.fixture(scope="module")
 def service(ray_cluster, tiny_target):
     app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
-        "transformers", tiny_target, LAYERS, max_len=256, max_sequences=8, max_batch_tokens=2048
+        serve_config(tiny_target, engine="transformers", layer_ids=LAYERS)
     )
     handle = serve.run(app, name="hidden_states", route_prefix=None)
     yield handle
@@ -55,12 +55,7 @@ def test_bad_requests_are_refused_and_the_replica_stays_healthy(service, batch, 
 
 
 def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_states(ray_cluster, tiny_target):
-    app = HiddenStateService.options(
-        ray_actor_options={"num_cpus": 0.5, "runtime_env": {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1"}}}
-    ).bind(
-        "vllm", tiny_target, LAYERS, max_len=256, max_sequences=8, max_batch_tokens=2048,
-        engine_kwargs={"dtype": "float32", "max_num_seqs": 8, "gpu_memory_utilization": 0.1, "enforce_eager": True},
-    )
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(serve_config(tiny_target, layer_ids=LAYERS))
     handle = serve.run(app, name="hidden_states_vllm", route_prefix=None)
     try:
         assert handle.stats.remote().result()["canary"].startswith("canary ok")

@@ -1,12 +1,13 @@
 """The real vLLM CPU engine: hidden states equal the transformers reference at every layer."""
 
-import os
-
 import pytest
 import torch
 
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from raypipe.serve.vllm_args import engine_args
+from raypipe.target import resolve_target
+from tests.conftest import serve_config
 
 pytestmark = pytest.mark.integration
 
@@ -14,12 +15,16 @@ LAYERS = (0, 1, 2, 3, 4)
 BATCH = [[9707, 1879], [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198], list(range(100, 137)), list(range(5000, 5300, 3))]
 
 
+def config(tiny_target):
+    return serve_config(tiny_target, layer_ids=list(LAYERS), max_model_len=512)
+
+
 @pytest.fixture(scope="module")
 def engines(tiny_target):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from raypipe.serve.vllm_engine import VllmEngine
 
-    vllm = VllmEngine(tiny_target, LAYERS, dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.1, enforce_eager=True)
+    cfg = config(tiny_target)
+    vllm = VllmEngine(resolve_target(cfg), cfg)
     yield vllm, TransformersEngine(tiny_target, LAYERS)
     vllm.close()
 
@@ -46,21 +51,13 @@ def test_greedy_replies_equal_the_reference(engines):
     assert not list(vllm.storage.iterdir())
 
 
-def test_reply_and_its_states_from_one_call(engines):
-    vllm, _ = engines
-    replies, states = vllm.generate(BATCH[:2], Sampling(max_tokens=8), with_states=True)
-    alone = vllm.extract(BATCH[:2])
-    for prompt, reply, s, a in zip(BATCH, replies, states, alone):
-        assert len(reply) == 8 and s.shape[0] == len(prompt) + len(reply) - 1  # the last token never enters a forward pass
-        torch.testing.assert_close(s[: len(prompt)], a, rtol=0, atol=1e-5)
-
-
 def test_greedy_replies_equal_plain_offline_vllm(engines, tiny_target):
     """The hidden-state engine's replies are what an ordinary vLLM deployment of the target says."""
     from vllm import LLM, SamplingParams
 
     vllm, _ = engines
-    plain = LLM(model=tiny_target, dtype="float32", max_model_len=512, max_num_seqs=8, gpu_memory_utilization=0.1, enforce_eager=True, seed=0)
+    cfg = config(tiny_target)
+    plain = LLM(**engine_args(resolve_target(cfg), cfg))
     try:
         outputs = plain.generate([{"prompt_token_ids": p} for p in BATCH], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
         assert vllm.generate(BATCH, Sampling(temperature=0.0, max_tokens=12)) == [list(o.outputs[0].token_ids) for o in outputs]
