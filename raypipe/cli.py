@@ -93,7 +93,8 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     _connect_ray()
     done = run_pipeline(cfg)
     ev, tr = done["eval"], done["train"]
-    print(f"[pipeline] {cfg.name}: τ {ev['tau']:.2f} in vLLM (temperature 0) after {tr.get('step', '?')} steps"
+    where = "in vLLM (temperature 0)" if ev.get("tau_method", "vllm") == "vllm" else "from the offline replay: vLLM refused the drafter, see eval.json"
+    print(f"[pipeline] {cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
           + (" — an estimate DISAGREES with vLLM, see eval.json" if ev["disagreement"] else ""))
     print(f"[pipeline] drafter:   {done['export']['drafter']}")
     print(f"[pipeline] eval.json: {ev['output']}/eval.json")

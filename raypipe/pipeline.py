@@ -56,12 +56,15 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
     from raypipe.serve.deployment import APP_NAME, attach_service, ensure_service
     from raypipe.train.launcher import run_training
 
-    started = False
+    started, canary = False, None
     if cfg.train.hidden_states != "offline":
-        started = attach_service(cfg.serve) is None  # checks a running service serves this target
+        handle = attach_service(cfg.serve)  # checks a running service serves this target
+        started = handle is None
         print(f"[pipeline] {'starting' if started else 'attached to'} the hidden-state service", flush=True)
         if started:
-            ensure_service(cfg.serve)
+            handle = ensure_service(cfg.serve)
+        canary = handle.stats.remote().result()["canary"]
+        print(f"[pipeline] service {canary or 'canary off'}", flush=True)
     try:
         result = run_training(cfg)
     finally:
@@ -69,7 +72,7 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
             serve.delete(APP_NAME)  # its CPUs or GPUs go back to the evaluation (and the autoscaler)
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
-    return {k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics}
+    return {"canary": canary, **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics}}
 
 
 def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:
@@ -86,7 +89,7 @@ def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:
 
     def evaluate() -> dict[str, Any]:
         doc = run_evaluation(cfg)
-        return {"tau": doc["tau"], "output": doc["output"], "plots": doc["plots"], "disagreement": doc["disagreement"]}
+        return {k: doc[k] for k in ("tau", "tau_method", "output", "plots", "disagreement")}
 
     return {"prepare": prepare, "train": lambda: _train(cfg), "export": export, "eval": evaluate}
 

@@ -3,7 +3,7 @@ import pytest
 from raypipe.config import RECIPES_DIR, load_config, parse_overrides
 
 
-@pytest.mark.parametrize("recipe", ["debug_cpu", "qwen3_8b", "qwen36_27b"])
+@pytest.mark.parametrize("recipe", ["debug_cpu", "demo", "tiny_qwen36", "qwen3_8b", "qwen36_27b"])
 def test_shipped_recipes_validate(recipe):
     cfg = load_config(recipe)
     assert cfg.name == recipe

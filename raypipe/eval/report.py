@@ -9,12 +9,16 @@ checkpoint have been seen to differ by 70 %, so a silent estimate is not enough.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
+
+if TYPE_CHECKING:
+    from raypipe.eval.offline import Replay
+    from raypipe.eval.spec_decode import Generation
 
 
 def compare(name: str, estimate: float, vllm_tau: float, threshold: float) -> dict[str, Any]:
@@ -27,6 +31,47 @@ def training_estimate(steps: list[dict[str, float]], share: float = 0.1) -> floa
     """Mean training-time τ estimate over the last `share` of the steps (single steps are noisy)."""
     tail = steps[-max(1, round(len(steps) * share)) :]
     return sum(s["tau_estimate"] for s in tail) / len(tail)
+
+
+def measurements(
+    trained: list[Generation], refused: str | None, plain: list[Generation], untrained: Generation | None, offline: Replay,
+    steps: list[dict[str, float]], threshold: float,
+) -> dict[str, Any]:
+    """The measured part of eval.json: τ, each engine's counters, and the estimates set against vLLM.
+
+    When vLLM refused to run the drafter with this target (`refused`: its
+    error), τ is the offline replay's, on the greedy replies of vLLM without a
+    drafter, and nothing is compared with vLLM.
+    """
+    baseline = {g.temperature: g for g in plain}
+    doc: dict[str, Any] = {
+        "tau": offline.tau,
+        "tau_method": "offline_replay",
+        "vllm_refused_drafter": refused,
+        "vllm": [],
+        "vllm_without_drafter": [g.summary() for g in plain],
+        "vllm_untrained_drafter": untrained.summary() if untrained else None,
+        "offline_replay": offline.summary(),
+        "training": {"steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None, "tau_estimate": training_estimate(steps) if steps else None},
+        "comparisons": [],
+        "disagreement": False,
+        "greedy_replies_match_without_drafter": None,
+    }
+    if refused is not None:
+        return doc
+    [greedy] = [g for g in trained if g.temperature == 0.0]
+    comparisons = [compare("offline_replay", offline.tau, greedy.tau, threshold)]
+    if steps:
+        comparisons.append(compare("training_estimate", training_estimate(steps), greedy.tau, threshold))
+    doc.update(
+        tau=greedy.tau,
+        tau_method="vllm",
+        vllm=[{**g.summary(), "speedup": g.tokens_per_s / baseline[g.temperature].tokens_per_s} for g in trained],
+        comparisons=comparisons,
+        disagreement=any(c["flagged"] for c in comparisons),
+        greedy_replies_match_without_drafter=greedy.replies == baseline[0.0].replies,
+    )
+    return doc
 
 
 def plot_training(steps: list[dict[str, float]], vllm_tau: float, path: Path) -> None:

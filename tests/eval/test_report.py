@@ -7,7 +7,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from raypipe.eval.report import compare, plot_acceptance, plot_training, training_estimate
+from raypipe.eval.offline import Replay
+from raypipe.eval.report import compare, measurements, plot_acceptance, plot_training, training_estimate
+from raypipe.eval.spec_decode import Generation
 
 
 def test_an_estimate_beyond_the_threshold_is_flagged() -> None:
@@ -38,3 +40,25 @@ def test_the_plots_are_images_with_content(tmp_path: Path) -> None:
         image = Image.open(tmp_path / name)
         assert image.format == "PNG" and image.size == size
         assert _ink(tmp_path / name) > 0.01
+
+
+def _generation(temperature: float, replies: list[list[int]], accepted: int) -> Generation:
+    return Generation(temperature, replies, seconds=1.0, drafts=10, draft_tokens=30, accepted_tokens=accepted, accepted_per_position=[accepted, 0, 0])
+
+
+def test_measurements_compare_the_estimates_with_vllm() -> None:
+    steps = [{"step": 10 * i, "loss": 1.0 / i, "tau_estimate": 2.0} for i in range(1, 11)]
+    trained = [_generation(0.0, [[1, 2]], 10), _generation(1.0, [[1, 3]], 5)]
+    plain = [_generation(0.0, [[1, 2]], 0), _generation(1.0, [[1, 4]], 0)]
+    doc = measurements(trained, None, plain, _generation(0.0, [[1, 2]], 0), Replay(10, 10, [10, 0, 0]), steps, 0.15)
+    assert doc["tau"] == 2.0 and doc["tau_method"] == "vllm" and doc["vllm_refused_drafter"] is None
+    assert [c["estimate"] for c in doc["comparisons"]] == ["offline_replay", "training_estimate"] and not doc["disagreement"]
+    assert doc["greedy_replies_match_without_drafter"] and doc["training"]["steps"] == 100
+
+
+def test_a_drafter_vllm_refuses_is_reported_with_its_error_and_the_offline_replay_gives_tau() -> None:
+    refused = "NotImplementedError: Speculative Decoding with draft models or parallel drafting does not support M-RoPE yet"
+    plain = [_generation(0.0, [[1, 2]], 0)]
+    doc = measurements([], refused, plain, None, Replay(8, 4, [3, 1, 0]), [], 0.15)
+    assert doc["tau"] == 1.5 and doc["tau_method"] == "offline_replay" and doc["vllm_refused_drafter"] == refused
+    assert doc["vllm"] == [] and doc["comparisons"] == [] and doc["vllm_untrained_drafter"] is None

@@ -1,0 +1,74 @@
+"""Qwen3.6's architecture through the whole pipeline on CPU, with the real vLLM CPU engine.
+
+The tiny Qwen3.6-architecture target (`builtin:tiny_qwen36`: composite config,
+Gated DeltaNet + gated attention layers, a vision tower, vocabulary 248,320)
+goes through prepare -> service (extraction, parity canary) -> on-policy
+replies -> train -> export -> evaluation in vLLM with the exported DFlash
+drafter. The target is random, so τ stays near 1; what is checked is that every
+stage runs on the production architecture and its contracts hold.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from raypipe.config import load_config
+from raypipe.pipeline import run_pipeline
+from raypipe.storage import Storage
+from raypipe.train.ledger import read_training_curve
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.integration
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+ENDOFTEXT, IM_END = 151_643, 151_645
+
+
+def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    for name, rows in (("openai", 90), ("sharegpt", 60)):
+        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
+        (tmp_path / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = load_config(
+        "tiny_qwen36",
+        [
+            f"data.sources=[{{path: {tmp_path}/src/*.jsonl}}]", f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train",
+            "train.epochs=3", "train.max_steps=24", "train.checkpoint_every=12", "train.log_every=4", "train.reply_max_tokens=24",
+            "eval.num_prompts=8", "eval.max_tokens=24", f"serve.http_port={free_port()}",
+        ],
+    )
+    done = run_pipeline(cfg)
+
+    # Data: the tokenizer names <|endoftext|> as eos; the turn end comes from the template.
+    manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
+    assert manifest["end_of_turn"] == {"token": "<|im_end|>", "id": IM_END}
+    assert manifest["counts"]["rows_kept"] > 100 and manifest["counts"]["needs_response"] > 0
+
+    # Service: the replica passed the parity canary against transformers (canary: refuse would have stopped it).
+    assert done["train"]["canary"].startswith("canary ok"), done["train"]["canary"]
+
+    # Replies: one per needs_response row, each ending at the end-of-turn token if the target emitted it.
+    replies = [r for f in sorted((tmp_path / "train" / "replies").glob("*.parquet")) for r in pq.read_table(f).column("reply_ids").to_pylist()]
+    assert len(replies) == manifest["counts"]["needs_response"]
+    assert all(IM_END not in r[:-1] and 0 < len(r) <= 24 for r in replies)
+
+    # Training: the drafter for the composite target trained to the last step; the export is what vLLM loads.
+    curve = read_training_curve(Storage(str(tmp_path / "train"), {}), cfg.name)
+    assert curve[-1]["step"] == 24 and sum(s["steps"] for s in curve) == 24
+    drafter = json.loads((tmp_path / "train" / "drafter" / "config.json").read_text())
+    assert drafter["draft_vocab_size"] == 248_320 and drafter["speculators_config"]["verifier"]["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert not any(k.startswith("mrope") for k in drafter["transformer_layer_config"]["rope_parameters"])
+
+    # Evaluation: vLLM ran DFlash speculative decoding with the exported drafter on the hybrid target.
+    doc = json.loads((tmp_path / "train" / "eval" / "eval.json").read_text())
+    print(json.dumps({k: doc[k] for k in ("tau", "tau_method", "vllm_refused_drafter", "offline_replay", "training")}, indent=1))
+    print(json.dumps(doc["vllm"], indent=1))
+    assert done["eval"]["tau"] == doc["tau"]
+    assert doc["tau_method"] == "vllm" and doc["vllm_refused_drafter"] is None, doc["vllm_refused_drafter"]
+    [greedy] = [g for g in doc["vllm"] if g["temperature"] == 0.0]
+    assert greedy["drafts"] > 0 and greedy["draft_tokens"] == 3 * greedy["drafts"] and len(greedy["accepted_per_position"]) == 3
+    assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
+    assert doc["vllm_untrained_drafter"]["drafts"] > 0
