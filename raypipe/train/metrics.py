@@ -31,7 +31,7 @@ class StepMetrics:
         """One step: device tensors stay on the device (no host sync), host values are summed on the host."""
         if self.keys is None:
             self.keys = sorted(model_metrics)
-        vec = torch.stack([model_metrics[k].detach().to(self.device, torch.float64) for k in self.keys])
+        vec = torch.stack([model_metrics[k].detach() for k in self.keys]).double()  # the drafter's metrics are on the device
         self.sums = vec if self.sums is None else self.sums + vec
         for key, value in host.items():
             self.host[key] = self.host.get(key, 0.0) + value
@@ -40,7 +40,7 @@ class StepMetrics:
     def reduced_on_device(self) -> torch.Tensor:
         """The sums of every rank (a collective: every rank calls it at the same step), still on the device."""
         assert self.sums is not None and self.keys is not None, "no step since the last reduction"
-        host = torch.tensor([self.host[k] for k in sorted(self.host)], dtype=torch.float64).to(self.device, non_blocking=True)
+        host = torch.tensor([self.host[k] for k in sorted(self.host)], dtype=torch.float64, device=self.device)
         vec = torch.cat([self.sums, host])
         dist.all_reduce(vec)
         return vec
