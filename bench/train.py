@@ -49,7 +49,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     from raypipe.target import resolve_target
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.loop import precision, train_step
+    from raypipe.train.step import precision, train_step
     from raypipe.train.plan import lr_factor, plan_epoch
     from raypipe.train.rows import PreparedRows
     from raypipe.train.states import StateCache, stream_states

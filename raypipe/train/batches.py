@@ -14,12 +14,13 @@ import queue
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from raypipe.train.rows import Row
+if TYPE_CHECKING:
+    from raypipe.train.rows import Row
 
 
 @dataclass
