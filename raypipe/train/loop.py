@@ -133,10 +133,11 @@ class Trainer:
         self.autocast, self.states_dtype = precision(w.device)
         torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors differ per rank and step, reproducibly
 
-    def steps_of_epoch(self, plan: EpochPlan) -> Iterator[Step]:
-        """This rank's packs from the cursor; a rank without a pack in the epoch's last step repeats its step's first pack at zero weight (DDP needs every rank)."""
-        w, cursor = self.w, self.state.cursor
-        for s in range(min(plan.steps(w.world, cursor), self.total_steps - self.state.step)):
+    def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
+        """This rank's packs of `count` steps from `cursor`; a rank without a pack in the epoch's last step repeats its
+        step's first pack at zero weight (DDP needs every rank). Runs on the feeder thread."""
+        w = self.w
+        for s in range(count):
             index = plan.pack_index(cursor, s, w.rank, w.world)
             yield Step(index, [w.rows.row(int(i)) for i in plan.packs[index if index is not None else cursor + s * w.world]])
 
@@ -178,9 +179,10 @@ class Trainer:
         tc, state = self.tc, self.state
         while state.epoch < tc.epochs and state.step < self.total_steps:
             plan = self.plans[state.epoch]
+            count = min(plan.steps(self.w.world, state.cursor), self.total_steps - state.step)
             self.model.train()
             tick = time.perf_counter()
-            for step, batch in DeviceFeeder(self.with_states(self.steps_of_epoch(plan)), self.w.device, self.states_dtype):
+            for step, batch in DeviceFeeder(self.with_states(self.steps_of_epoch(plan, state.cursor, count)), self.w.device, self.states_dtype):
                 waited = time.perf_counter() - tick
                 lr = self.optimizer.param_groups[0]["lr"]
                 weight = 1.0 if step.index is not None else 0.0
