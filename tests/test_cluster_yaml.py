@@ -50,5 +50,6 @@ def test_node_types_fit_the_recipes() -> None:
 def test_the_image_is_pinned_and_the_nodes_install_raypipe() -> None:
     assert CLUSTER["docker"]["image"].startswith(f"rayproject/ray:{ray.__version__}-py311")
     assert any("pip install" in c and "raypipe" in c for c in CLUSTER["setup_commands"])
+    assert not any("uninstall" in c for c in CLUSTER["setup_commands"])  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6
     assert all("--metrics-export-port" in c for c in CLUSTER["head_start_ray_commands"][1:] + CLUSTER["worker_start_ray_commands"][1:])
     assert CLUSTER["idle_timeout_minutes"] > 0
