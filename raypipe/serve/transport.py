@@ -1,0 +1,196 @@
+"""How a request's hidden states travel from the engine to the trainer's pinned buffer, never pickled.
+
+vLLM's connector writes each request's states to `<replica dir>/<request>.safetensors`
+in shared memory (/dev/shm): `hidden_states [T, n_layers, H]` in the engine's
+dtype and `token_ids [T]`, guarded by a `.lock` file until the write ends.
+
+- Same node (the trainer and the replica share /dev/shm): the replica waits
+  for the write, checks the token ids, moves the file into the trainer's
+  directory `owner-<trainer pid>/` (a rename) and returns a `StateFile`: path,
+  byte offset, shape and dtype, a few hundred bytes. The trainer maps the file
+  and copies the states once, into its pinned buffer, then removes it.
+- Other node: the replica reads the states into a NumPy array and returns it;
+  Ray carries arrays through its object store out of band (no pickling), and
+  the trainer copies from the read-only mapped buffer the same way.
+
+Nothing is orphaned for long: files of a replica that died, and files handed
+to a trainer that died, sit in directories named after those processes'
+pids, and `reclaim_orphans` (run by every replica, periodically, and by every
+trainer at start) removes the directories whose process is gone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+PREFIX = "raypipe-states-"
+OWNER = "owner-"
+# safetensors dtype name: (torch dtype, NumPy dtype that carries its bits; NumPy has no bfloat16)
+DTYPES = {"BF16": (torch.bfloat16, np.uint16), "F16": (torch.float16, np.float16), "F32": (torch.float32, np.float32)}
+
+
+def memory_dir() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def replica_dir() -> Path:
+    """A fresh directory for this process's state files, named after its pid (see reclaim_orphans)."""
+    return Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=memory_dir()))
+
+
+@dataclass(frozen=True)
+class StateFile:
+    """States of one sequence in a file on this node: `shape` values of `dtype` at byte `offset`."""
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str  # safetensors' name: BF16, F16, F32
+
+    def copy_into(self, out: torch.Tensor) -> None:
+        """Copy the states into `out` (a slice of the pinned buffer) in one pass, then remove the file."""
+        count = int(np.prod(self.shape))
+        with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
+            with warnings.catch_warnings():  # read-only memory: only ever copied from
+                warnings.simplefilter("ignore", UserWarning)
+                view = torch.frombuffer(mapped, dtype=DTYPES[self.dtype][0], count=count, offset=self.offset)
+            out.copy_(view.view(self.shape))
+            del view  # the mapping closes only when no tensor views it
+        os.unlink(self.path)
+
+
+def _header(path: str) -> tuple[int, dict[str, Any]]:
+    """(byte offset of the data section, the safetensors header)."""
+    with open(path, "rb") as f:
+        (size,) = struct.unpack("<Q", f.read(8))
+        return 8 + size, json.loads(f.read(size))
+
+
+def _wait_for_writer(path: str) -> None:
+    """The connector holds an exclusive lock on `<path>.lock` while it writes; wait for it, then drop the lock file."""
+    lock = path + ".lock"
+    if os.path.exists(lock):
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+        os.unlink(lock)
+
+
+def _check_ids(path: str, start: int, header: dict[str, Any], expected_ids: list[int]) -> None:
+    entry = header["token_ids"]
+    begin, end = entry["data_offsets"]
+    with open(path, "rb") as f:
+        f.seek(start + begin)
+        ids = np.frombuffer(f.read(end - begin), dtype=np.int64 if entry["dtype"] == "I64" else np.int32)
+    assert ids.tolist() == expected_ids, "hidden states of another sequence"
+
+
+def hand_over(path: str, expected_ids: list[int], owner_pid: int) -> StateFile:
+    """Same node: the finished file, checked and moved into the owner's directory, described."""
+    _wait_for_writer(path)
+    start, header = _header(path)
+    _check_ids(path, start, header, expected_ids)
+    owner = Path(path).parent / f"{OWNER}{owner_pid}"
+    owner.mkdir(exist_ok=True)
+    moved = owner / Path(path).name
+    os.rename(path, moved)
+    entry = header["hidden_states"]
+    return StateFile(str(moved), start + entry["data_offsets"][0], tuple(entry["shape"]), entry["dtype"])
+
+
+def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
+    """Other node: the finished file's states as an array (bf16 as its bits, uint16), the file removed."""
+    _wait_for_writer(path)
+    start, header = _header(path)
+    _check_ids(path, start, header, expected_ids)
+    entry = header["hidden_states"]
+    np_dtype = DTYPES[entry["dtype"]][1]
+    begin, end = entry["data_offsets"]
+    with open(path, "rb") as f:
+        f.seek(start + begin)
+        array = np.frombuffer(f.read(end - begin), dtype=np_dtype).reshape(entry["shape"])
+    os.unlink(path)
+    return array
+
+
+def write_states(directory: Path, name: str, states: torch.Tensor, token_ids: list[int]) -> str:
+    """The connector's file format, for engines that compute states in this process (the transformers reference)."""
+    from safetensors.torch import save_file
+
+    path = str(directory / f"{name}.safetensors")
+    save_file({"hidden_states": states.contiguous(), "token_ids": torch.tensor(token_ids, dtype=torch.int64)}, path)
+    return path
+
+
+def copy_states(source: StateFile | np.ndarray | torch.Tensor, out: torch.Tensor) -> None:
+    """Copy one sequence's states, however they arrived, into `out`."""
+    if isinstance(source, StateFile):
+        source.copy_into(out)
+    elif isinstance(source, np.ndarray):
+        tensor = torch.from_numpy(source)  # read-only object-store memory: copied from, never written
+        out.copy_(tensor.view(torch.bfloat16) if source.dtype == np.uint16 else tensor)
+    else:
+        out.copy_(source)
+
+
+def as_tensor(source: StateFile | np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A sequence's states as a tensor of their own (tests, the canary); training copies straight into its buffer instead."""
+    if isinstance(source, torch.Tensor):
+        return source
+    if isinstance(source, np.ndarray):
+        tensor = torch.from_numpy(source.copy())
+        return tensor.view(torch.bfloat16) if source.dtype == np.uint16 else tensor
+    out = torch.empty(source.shape, dtype=DTYPES[source.dtype][0])
+    source.copy_into(out)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str]:
+    """Remove state files nobody can read any more on this node; returns what was removed.
+
+    - a replica directory whose process is gone (its engine's unread files);
+    - an owner directory whose trainer is gone (states it was handed, not read);
+    - a file left directly in a live replica's directory for `stale_s` (a
+      request abandoned between the engine and the hand-over).
+    """
+    base = Path(root or memory_dir() or tempfile.gettempdir())
+    removed = []
+    for replica in base.glob(f"{PREFIX}*"):
+        pid = replica.name[len(PREFIX) :].split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(replica, ignore_errors=True)
+            removed.append(str(replica))
+            continue
+        for entry in list(replica.iterdir()):
+            if entry.is_dir() and entry.name.startswith(OWNER) and not _alive(int(entry.name[len(OWNER) :])):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(str(entry))
+            elif entry.is_file() and time.time() - entry.stat().st_mtime > stale_s:
+                entry.unlink(missing_ok=True)
+                removed.append(str(entry))
+    return removed
