@@ -46,9 +46,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     from raypipe.serve.deployment import ensure_service
     from raypipe.train.export import export_drafter
     from raypipe.train.launcher import run_training
+    from raypipe.train.replies import run_replies
 
     cfg = load_config(args.recipe, args.overrides)
     _connect_ray()
+    run_replies(cfg)  # before the service: the reply engines take the Serve GPUs
     if cfg.train.hidden_states != "offline":
         print("[train] attaching to (or starting) the hidden-state service", flush=True)
         ensure_service(cfg.serve)

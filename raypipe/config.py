@@ -157,6 +157,7 @@ class TrainConfig(_Strict):
     prefetch: int = Field(default=4, gt=0, description="Steps whose hidden states are requested ahead of the step that needs them.")
     reply_temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows.")
     reply_max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
+    reply_max_sequences: int = Field(default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching).")
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
     cpus_per_worker: float = Field(default=1.0, gt=0, description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.")

@@ -16,8 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raypipe.config import RaypipeConfig
-from raypipe.storage import Storage
-from raypipe.train.launcher import absolute
+from raypipe.storage import Storage, absolute
 
 STAGES = ("prepare", "train", "export", "eval")
 
@@ -55,7 +54,9 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
 
     from raypipe.serve.deployment import APP_NAME, attach_service, ensure_service
     from raypipe.train.launcher import run_training
+    from raypipe.train.replies import run_replies
 
+    replies = run_replies(cfg)  # before the service: the reply engines take the Serve GPUs, the training GPUs stay free
     started, canary = False, None
     if cfg.train.hidden_states != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
@@ -72,7 +73,7 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
             serve.delete(APP_NAME)  # its CPUs or GPUs go back to the evaluation (and the autoscaler)
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
-    return {"canary": canary, **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics}}
+    return {"canary": canary, "replies": replies, **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics}}
 
 
 def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:

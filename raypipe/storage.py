@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 from fsspec.core import url_to_fs
+
+
+def absolute(url: str) -> str:
+    """Local paths made absolute (Ray Train runs each worker in its own working directory); URLs unchanged."""
+    return url if "://" in url else str(Path(url).resolve())
 
 
 class Storage:

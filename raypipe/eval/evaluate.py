@@ -25,10 +25,9 @@ from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import measurements, plot_acceptance, plot_training
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
 from raypipe.serve.deployment import replica_resources
-from raypipe.storage import Storage
+from raypipe.storage import Storage, absolute
 from raypipe.target import resolve_target
 from raypipe.train.export import EXPORT_DIR
-from raypipe.train.launcher import absolute
 from raypipe.train.ledger import read_training_curve
 
 TRAINED, UNTRAINED = "trained", "untrained"

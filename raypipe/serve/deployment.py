@@ -1,11 +1,15 @@
 """Ray Serve wiring of the hidden-state service: one replica = one engine.
 
 The replica validates every request (a bad one is refused with a named
-error and the replica stays healthy), merges concurrent extraction requests
-by token budget, returns bf16 states [T, n_layers, H], and runs the parity
-canary at start-up and on demand (with `canary: refuse` a mismatch stops the
-replica from serving). An HTTP ingress (loopback unless configured) answers
-/health, /stats and /canary for operators; the trainer uses the handle.
+error and the replica stays healthy), passes each sequence to the engine as
+a request of its own (vLLM batches them continuously), and returns each
+sequence's states without pickling them (raypipe.serve.transport): a file
+descriptor when the caller runs on this node, an array through the object
+store otherwise. It runs the parity canary at start-up and on demand (with
+`canary: refuse` a mismatch stops the replica from serving), and reclaims
+the state files of dead replicas and trainers on its node. An HTTP ingress
+(loopback unless configured) answers /health, /stats and /canary for
+operators; the trainer uses the handle.
 """
 
 from __future__ import annotations
@@ -14,38 +18,72 @@ import asyncio
 import os
 import threading
 import time
+import uuid
+from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
+import ray
 from fastapi import FastAPI, HTTPException
 from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
 
 from raypipe.config import ServeConfig
-from raypipe.serve.batching import TokenBudgetBatcher
 from raypipe.serve.canary import CanaryReport, canary_prompts, compare_states
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from raypipe.serve.transport import StateFile, as_tensor, discard, hand_over, read_array, reclaim_orphans, replica_dir, write_states
 from raypipe.serve.validate import validate_batch
 from raypipe.target import BUILTIN_TARGETS, resolve_model, resolve_target
 
 APP_NAME = "raypipe_hidden_states"
+RECLAIM_EVERY_S = 60.0
 api = FastAPI(title="raypipe hidden-state service")
+
+
+class ReferenceEngine:
+    """The transformers engine behind the same asynchronous interface: one call at a time, states written as vLLM's connector writes them."""
+
+    def __init__(self, engine: TransformersEngine, directory: Path) -> None:
+        self.engine = engine
+        self.directory = directory
+        self._lock = threading.Lock()  # transformers models are not thread-safe
+
+    def _locked(self, fn: Any, *args: Any) -> Any:
+        with self._lock:
+            return fn(*args)
+
+    async def extract(self, ids: list[int]) -> str:
+        [states] = await asyncio.to_thread(self._locked, self.engine.extract, [ids])
+        return write_states(self.directory, uuid.uuid4().hex, states, ids)
+
+    async def generate(self, ids: list[int], sampling: Sampling) -> list[int]:
+        [reply] = await asyncio.to_thread(self._locked, self.engine.generate, [ids], sampling)
+        return reply
+
+    async def check_health(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
 
 
 @serve.deployment
 @serve.ingress(api)
 class HiddenStateService:
-    def __init__(self, cfg: ServeConfig) -> None:
+    async def __init__(self, cfg: ServeConfig) -> None:
+        reclaim_orphans()
         target = resolve_target(cfg)
         self.target = target
         self.layer_ids = target.layer_ids
+        self.directory = replica_dir()
+        self.node_id = ray.get_runtime_context().get_node_id()
         if cfg.engine == "vllm":
             from raypipe.serve.vllm_engine import VllmEngine
 
-            self.engine: Any = VllmEngine(target, cfg)
+            self.engine: Any = VllmEngine(target, cfg, self.directory)
         else:
-            self.engine = TransformersEngine(target.path, self.layer_ids, dtype=cfg.dtype)
+            self.engine = ReferenceEngine(TransformersEngine(target.path, self.layer_ids, dtype=cfg.dtype), self.directory)
         self.identity = {"engine": cfg.engine, "model": cfg.model, "layer_ids": list(self.layer_ids), "dtype": cfg.dtype}
         self.limits = {
             "vocab_size": target.shape.vocab_size,
@@ -53,29 +91,51 @@ class HiddenStateService:
             "max_sequences": cfg.max_sequences,
             "max_tokens": cfg.max_batch_tokens,
         }
-        self._engine_lock = threading.Lock()  # engines are not thread-safe: one call at a time
-        self.batcher = TokenBudgetBatcher(lambda seqs: self._call(self.engine.extract, seqs), cfg.max_batch_tokens)
         self.requests = 0
+        self.in_flight = 0  # sequences inside the engine now
+        self.max_in_flight = 0
         self.last_canary: CanaryReport | None = None
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
         self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
         self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
-        self.m_queue = Gauge("raypipe_serve_queue_depth", "Extraction requests waiting for the engine.")
+        self.m_queue = Gauge("raypipe_serve_queue_depth", "Sequences inside the engine (running or waiting).")
         self.m_canary = Gauge("raypipe_serve_canary_ok", "1 if the last parity canary passed, else 0.")
         self.canary_mode = cfg.canary
         if cfg.canary != "off":
-            report = self._canary()
+            report = await self._canary()
             if not report.ok and cfg.canary == "refuse":
                 raise RuntimeError(report.message())
+        self._reclaimer = asyncio.get_running_loop().create_task(self._reclaim_periodically())
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        with self._engine_lock:
-            return fn(*args)
+    async def _reclaim_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(RECLAIM_EVERY_S)
+            await asyncio.to_thread(reclaim_orphans)
 
-    def _canary(self) -> CanaryReport:
+    async def _paths(self, batch: list[list[int]]) -> list[str]:
+        """One engine request per sequence, all in flight together; a cancelled call leaves no file behind."""
+        tasks = [asyncio.ensure_future(self.engine.extract(ids)) for ids in batch]
+        self.in_flight += len(tasks)
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        self.m_queue.set(self.in_flight)
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            done = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
+            await asyncio.shield(asyncio.to_thread(lambda: [discard(p) for p in done]))
+            raise
+        finally:
+            self.in_flight -= len(tasks)
+            self.m_queue.set(self.in_flight)
+
+    async def _canary(self) -> CanaryReport:
         reference = TransformersEngine(self.target.path, self.layer_ids)
         prompts = canary_prompts(reference.vocab_size)
-        self.last_canary = compare_states(self._call(self.engine.extract, prompts), reference.extract(prompts), self.layer_ids)
+        paths = await self._paths(prompts)
+        got = await asyncio.to_thread(lambda: [as_tensor(read_array(p, ids)) for p, ids in zip(paths, prompts)])
+        self.last_canary = compare_states(got, reference.extract(prompts), self.layer_ids)
         self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
 
@@ -85,36 +145,43 @@ class HiddenStateService:
         self.m_tokens.inc(sum(map(len, batch)), tags)
         self.m_latency.observe(time.perf_counter() - start, tags)
 
-    async def extract(self, batch: list[list[int]]) -> list[torch.Tensor]:
-        """bf16 hidden states [T, len(layer_ids), H] per sequence."""
+    async def extract(self, batch: list[list[int]], node_id: str | None = None, owner_pid: int | None = None) -> list[StateFile | np.ndarray]:
+        """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner_pid` when
+        the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store."""
         validate_batch(batch, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        self.m_queue.set(self.batcher.queued())
-        states = await self.batcher.submit(batch)
+        paths = await self._paths(batch)
+        if node_id == self.node_id and owner_pid is not None:
+            states = await asyncio.to_thread(lambda: [hand_over(p, ids, owner_pid) for p, ids in zip(paths, batch)])
+        else:
+            states = await asyncio.to_thread(lambda: [read_array(p, ids) for p, ids in zip(paths, batch)])
         self._served("extract", batch, start)
-        return [s.to(torch.bfloat16) for s in states]
+        return states
 
     async def generate(self, prompts: list[list[int]], sampling: dict[str, Any] | None = None) -> list[list[int]]:
         validate_batch(prompts, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        replies = await asyncio.to_thread(self._call, self.engine.generate, prompts, Sampling(**(sampling or {})))
+        replies = await asyncio.gather(*(self.engine.generate(ids, Sampling(**(sampling or {}))) for ids in prompts))
         self._served("generate", prompts, start)
-        return replies
+        return list(replies)
 
     @api.post("/canary")
     async def canary(self) -> str:
         """Re-run the parity canary on demand."""
-        return (await asyncio.to_thread(self._canary)).message()
+        return (await self._canary()).message()
 
     @api.get("/stats")
     def stats(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),
+            "node_id": self.node_id,
+            "directory": str(self.directory),
             "layer_ids": list(self.layer_ids),
             "requests": self.requests,
-            "engine_calls": self.batcher.engine_calls,
+            "in_flight": self.in_flight,
+            "max_in_flight": self.max_in_flight,
             "canary": self.last_canary.message() if self.last_canary else None,
         }
 
@@ -137,10 +204,10 @@ class HiddenStateService:
         return self.identity
 
     async def check_health(self) -> None:
-        """Unhealthy when the canary failed (refuse mode) or the engine cannot extract one token."""
+        """Unhealthy when the canary failed (refuse mode) or the engine is dead; never waits behind requests."""
         if self.canary_mode == "refuse" and self.last_canary is not None and not self.last_canary.ok:
             raise RuntimeError(self.last_canary.message())
-        await self.batcher.submit([[0]])  # a real one-token extraction
+        await self.engine.check_health()
 
 
 def replica_resources(cfg: ServeConfig) -> dict[str, Any]:

@@ -126,6 +126,12 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
     return array
 
 
+def discard(path: str) -> None:
+    """Remove a file nobody will read (a reply's states, a cancelled request's), once its writer is done."""
+    _wait_for_writer(path)
+    Path(path).unlink(missing_ok=True)
+
+
 def write_states(directory: Path, name: str, states: torch.Tensor, token_ids: list[int]) -> str:
     """The connector's file format, for engines that compute states in this process (the transformers reference)."""
     from safetensors.torch import save_file
@@ -144,6 +150,14 @@ def copy_states(source: StateFile | np.ndarray | torch.Tensor, out: torch.Tensor
         out.copy_(tensor.view(torch.bfloat16) if source.dtype == np.uint16 else tensor)
     else:
         out.copy_(source)
+
+
+def states_dtype(source: StateFile | np.ndarray | torch.Tensor) -> torch.dtype:
+    if isinstance(source, StateFile):
+        return DTYPES[source.dtype][0]
+    if isinstance(source, np.ndarray):
+        return torch.bfloat16 if source.dtype == np.uint16 else torch.from_numpy(source[:0]).dtype
+    return source.dtype
 
 
 def as_tensor(source: StateFile | np.ndarray | torch.Tensor) -> torch.Tensor:
@@ -171,10 +185,11 @@ def _alive(pid: int) -> bool:
 def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str]:
     """Remove state files nobody can read any more on this node; returns what was removed.
 
-    - a replica directory whose process is gone (its engine's unread files);
+    - files of a replica whose process is gone (its engine's output, never
+      handed over), and its directory once nothing in it is owned by a live trainer;
     - an owner directory whose trainer is gone (states it was handed, not read);
-    - a file left directly in a live replica's directory for `stale_s` (a
-      request abandoned between the engine and the hand-over).
+    - a file left in a live replica's directory for `stale_s` (a request
+      abandoned between the engine and the hand-over).
     """
     base = Path(root or memory_dir() or tempfile.gettempdir())
     removed = []
@@ -182,15 +197,16 @@ def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str
         pid = replica.name[len(PREFIX) :].split("-", 1)[0]
         if not pid.isdigit():
             continue
-        if not _alive(int(pid)):
-            shutil.rmtree(replica, ignore_errors=True)
-            removed.append(str(replica))
-            continue
+        replica_alive = _alive(int(pid))
         for entry in list(replica.iterdir()):
-            if entry.is_dir() and entry.name.startswith(OWNER) and not _alive(int(entry.name[len(OWNER) :])):
-                shutil.rmtree(entry, ignore_errors=True)
-                removed.append(str(entry))
-            elif entry.is_file() and time.time() - entry.stat().st_mtime > stale_s:
+            if entry.is_dir() and entry.name.startswith(OWNER):
+                if not _alive(int(entry.name[len(OWNER) :])):
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(str(entry))
+            elif not replica_alive or time.time() - entry.stat().st_mtime > stale_s:
                 entry.unlink(missing_ok=True)
                 removed.append(str(entry))
+        if not replica_alive and not any(replica.iterdir()):
+            replica.rmdir()
+            removed.append(str(replica))
     return removed

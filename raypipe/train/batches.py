@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from raypipe.serve.transport import copy_states, states_dtype
+
 if TYPE_CHECKING:
     from raypipe.train.rows import Row
 
@@ -31,13 +33,20 @@ class Step:
     rows: list[Row]
 
 
-def pack_host(rows: list[Row], states: list[torch.Tensor], pin: bool) -> dict[str, torch.Tensor]:
-    """One packed sequence in host memory: rows end to end, positions restarting per row, states [T, n_layers, H]."""
+def pack_host(rows: list[Row], states: list[Any], pin: bool) -> dict[str, torch.Tensor]:
+    """One packed sequence in host memory: rows end to end, positions restarting per row, states [T, n_layers, H].
+
+    Each row's states are copied once, from wherever they arrived (a shared-memory
+    file, an object-store array, a cached tensor), into the step's buffer.
+    """
     for r, s in zip(rows, states):
         assert s.shape[0] == len(r.input_ids), f"states of {r.sample_id} have {s.shape[0]} positions for {len(r.input_ids)} tokens"
     t = sum(len(r.input_ids) for r in rows)
-    hidden = torch.empty((t, *states[0].shape[1:]), dtype=states[0].dtype, pin_memory=pin)
-    torch.cat(states, out=hidden)
+    hidden = torch.empty((t, *states[0].shape[1:]), dtype=states_dtype(states[0]), pin_memory=pin)
+    start = 0
+    for s in states:
+        copy_states(s, hidden[start : start + s.shape[0]])
+        start += s.shape[0]
 
     def as_long(parts: list[np.ndarray]) -> torch.Tensor:
         out = torch.from_numpy(np.ascontiguousarray(np.concatenate(parts), dtype=np.int64)).unsqueeze(0)
@@ -66,7 +75,7 @@ def drafter_inputs(packed: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
 class DeviceFeeder:
     """Iterates (step, drafter inputs on `device`), packing and copying up to `depth` steps ahead on a thread."""
 
-    def __init__(self, steps: Iterator[tuple[Step, list[torch.Tensor]]], device: torch.device, dtype: torch.dtype, depth: int = 2) -> None:
+    def __init__(self, steps: Iterator[tuple[Step, list[Any]]], device: torch.device, dtype: torch.dtype, depth: int = 2) -> None:
         self.device = device
         self.dtype = dtype
         self.cuda = device.type == "cuda"
@@ -84,7 +93,7 @@ class DeviceFeeder:
                 continue
         return False
 
-    def _fill(self, steps: Iterator[tuple[Step, list[torch.Tensor]]]) -> None:
+    def _fill(self, steps: Iterator[tuple[Step, list[Any]]]) -> None:
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             for step, states in steps:

@@ -12,9 +12,9 @@ import json
 from typing import Any
 
 from raypipe.config import RaypipeConfig
-from raypipe.storage import Storage
+from raypipe.storage import Storage, absolute
 from raypipe.train.checkpoint import STATE_FILE
-from raypipe.train.launcher import absolute, latest_checkpoint
+from raypipe.train.launcher import latest_checkpoint
 
 EXPORT_DIR = "drafter"
 

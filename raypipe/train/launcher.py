@@ -10,13 +10,12 @@ up to `train.max_failures` times; re-running the same config resumes too.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from raypipe.config import RaypipeConfig
-from raypipe.data.output import PreparedOutput
-from raypipe.storage import Storage
+from raypipe.storage import Storage, absolute
 from raypipe.train.loop import train_worker
+from raypipe.train.replies import open_rows
 
 TRAIN_DIR = "ray_train"
 
@@ -68,11 +67,6 @@ def scaling_config(cfg: RaypipeConfig) -> Any:
     return ScalingConfig(num_workers=tc.num_workers, use_gpu=tc.use_gpu, resources_per_worker=resources, placement_strategy=tc.placement_strategy)
 
 
-def absolute(url: str) -> str:
-    """Local paths made absolute: Ray Train runs each worker in its own working directory."""
-    return url if "://" in url else str(Path(url).resolve())
-
-
 def run_training(cfg: RaypipeConfig) -> Any:
     """Train to the end of the configured epochs (or max_steps); returns Ray Train's Result.
 
@@ -86,7 +80,9 @@ def run_training(cfg: RaypipeConfig) -> Any:
     cfg.train.output = absolute(cfg.train.output)
     if cfg.train.cache:
         cfg.train.cache = absolute(cfg.train.cache)
-    PreparedOutput(cfg.data.output, cfg.data.storage_options).read_manifest()  # fail here, not in every retried worker
+    missing = open_rows(cfg).shards_needing_replies()  # fail here, not in every retried worker
+    if missing:
+        raise ValueError(f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first (raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)")
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"config": cfg.model_dump()},

@@ -1,8 +1,7 @@
 """The per-worker training loop (runs inside a Ray Train worker), in named phases.
 
-1. Replies (`reply_phase`): the workers split the prepared shards whose
-   needs_response rows have no stored reply, ask the service for on-policy
-   replies (stopping at the data stage's end-of-turn token) and store them.
+1. Replies (`load_replies`): the on-policy replies of needs_response rows,
+   generated before training by the reply pass (raypipe.train.replies).
 2. Plan (`plan_epochs`): every worker computes the same epoch plans
    (raypipe.train.plan) from the row lengths with replies.
 3. Model (`Trainer.__init__`): the drafter on the training device, frozen
@@ -33,7 +32,7 @@ import torch.distributed as dist
 
 from raypipe import __version__
 from raypipe.config import RaypipeConfig
-from raypipe.data.output import PreparedOutput
+from raypipe.serve.transport import reclaim_orphans
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
 from raypipe.train.batches import DeviceFeeder, Step
@@ -42,7 +41,7 @@ from raypipe.train.drafter import build_drafter, step_kwargs
 from raypipe.train.ledger import Ledger
 from raypipe.train.metrics import StepMetrics, TrainMetrics
 from raypipe.train.plan import EpochPlan, lr_factor, plan_epoch
-from raypipe.train.rows import PreparedRows, generate_replies
+from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import place_drafter, precision, train_step
 
@@ -64,25 +63,16 @@ class Worker:
         self.device = get_device()
         self.target: Target = resolve_target(cfg.serve)  # builtin targets are built on each node
         self.run = Storage(cfg.train.output, cfg.train.storage_options)
-        self.rows = PreparedRows(
-            PreparedOutput(cfg.data.output, cfg.data.storage_options), self.run.child("replies"), cfg.data.max_length, cache_shards=cfg.train.shuffle_window + 1
-        )
+        self.rows = open_rows(cfg, cache_shards=cfg.train.shuffle_window + 1)
+        reclaim_orphans()  # state files handed to a previous attempt's trainers on this node
         self.client = HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.prefetch) if cfg.train.hidden_states != "offline" else None
 
 
-def reply_phase(w: Worker) -> None:
-    """On-policy replies for needs_response rows, once per run directory; every rank leaves with all replies loaded."""
-    tc = w.cfg.train
-    sampling = {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed, "stop_token_ids": [w.rows.end_of_turn_id]}
-    w.rows.check_replies_meta({"target": w.cfg.serve.model, "data_manifest_sha256": w.rows.manifest_sha256, "sampling": sampling}, write=w.rank == 0)
-    todo = w.rows.shards_needing_replies()
-    if todo:
-        if w.client is None:
-            raise ValueError(f"{len(todo)} prepared shards have needs_response rows without stored replies; run once online or hybrid so the service replies")
-        client = w.client
-        generate_replies(w.rows, todo[w.rank :: w.world], lambda batches: client.stream(batches, "generate", sampling=sampling))
-    while w.rows.shards_needing_replies():  # other ranks still replying: poll storage, since a collective would time out on long reply phases
-        time.sleep(5)
+def load_replies(w: Worker) -> None:
+    """Every needs_response row's stored reply; the reply pass runs before the workers start."""
+    missing = w.rows.shards_needing_replies()
+    if missing:
+        raise ValueError(f"{len(missing)} prepared shards have needs_response rows without stored replies; run the reply pass first (raypipe.train.replies.run_replies)")
     w.rows.load_replies()
 
 
@@ -141,7 +131,7 @@ class Trainer:
             index = plan.pack_index(cursor, s, w.rank, w.world)
             yield Step(index, [w.rows.row(int(i)) for i in plan.packs[index if index is not None else cursor + s * w.world]])
 
-    def with_states(self, steps: Iterator[Step]) -> Iterator[tuple[Step, list[torch.Tensor]]]:
+    def with_states(self, steps: Iterator[Step]) -> Iterator[tuple[Step, list[Any]]]:
         """Each step with its rows' hidden states, requested `prefetch` steps ahead."""
         for_ids, for_rows = itertools.tee(steps)
         packs = ([r.input_ids for r in step.rows] for step in for_ids)
@@ -208,6 +198,6 @@ class Trainer:
 def train_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker."""
     w = Worker(RaypipeConfig.model_validate(loop_config["config"]))
-    reply_phase(w)
+    load_replies(w)
     plans, total_steps = plan_epochs(w)
     Trainer(w, plans, total_steps).run()

@@ -6,9 +6,11 @@ epoch order of raypipe.train.plan.
 
 A `needs_response` row was prepared as prompt + placeholder reply. Before it
 is trained on, the target's own reply replaces the placeholder: replies are
-generated once, stored as token ids under `replies/` of the run directory
-(one Parquet file per prepared shard, written atomically), and reused by
-every later epoch and by resumed runs, which then only re-extract states.
+generated once by the reply pass (raypipe.train.replies), stored as token ids
+under `replies/` of the run directory (one Parquet file per prepared shard,
+written atomically, each reply keyed by its row's position in the shard, so
+rows that share a sample_id keep their own), and reused by every later epoch
+and by resumed runs, which then only re-extract states.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import io
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 from raypipe.data.output import PreparedOutput, shard_name
 from raypipe.storage import Storage
 
-REPLY_SCHEMA = pa.schema([("sample_id", pa.string()), ("reply_ids", pa.list_(pa.int32()))])
+REPLY_SCHEMA = pa.schema([("row", pa.int32()), ("reply_ids", pa.list_(pa.int32()))])
 _META_COLUMNS = ["sample_id", "num_tokens", "needs_response", "prompt_len"]
 
 
@@ -55,7 +56,7 @@ class PreparedRows:
         self.prompt_len = np.concatenate([m.column("prompt_len").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
         self._prepared_len = np.concatenate([m.column("num_tokens").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
         self._tables: OrderedDict[int, pa.Table] = OrderedDict()
-        self._replies: dict[int, dict[str, np.ndarray]] = {}
+        self._replies: dict[int, dict[int, np.ndarray]] = {}  # shard -> row position in the shard -> reply
         self._cache_shards = cache_shards
 
     def __len__(self) -> int:
@@ -85,38 +86,36 @@ class PreparedRows:
             if self.needs_response[self.offsets[s] : self.offsets[s + 1]].any() and not self.replies.exists(f"{shard_name(s)}.parquet")
         ]
 
-    def prompts_of(self, shard: int) -> tuple[list[str], list[list[int]]]:
-        """(sample ids, prompt ids) of a shard's needs_response rows."""
+    def prompts_of(self, shard: int) -> tuple[list[int], list[list[int]]]:
+        """(row positions in the shard, prompt ids) of a shard's needs_response rows."""
         table = self._shard(shard)
         rows = np.flatnonzero(self.needs_response[self.offsets[shard] : self.offsets[shard + 1]])
         ids = table.column("input_ids")
-        return [self.sample_ids[self.offsets[shard] + r] for r in rows], [
-            ids[int(r)].as_py()[: self.prompt_len[self.offsets[shard] + r]] for r in rows
-        ]
+        return [int(r) for r in rows], [ids[int(r)].as_py()[: self.prompt_len[self.offsets[shard] + r]] for r in rows]
 
-    def write_replies(self, shard: int, sample_ids: list[str], replies: list[list[int]]) -> None:
+    def write_replies(self, shard: int, positions: list[int], replies: list[list[int]]) -> None:
         buf = io.BytesIO()
-        pq.write_table(pa.table({"sample_id": sample_ids, "reply_ids": replies}, schema=REPLY_SCHEMA), buf)
+        pq.write_table(pa.table({"row": positions, "reply_ids": replies}, schema=REPLY_SCHEMA), buf)
         self.replies.write(f"{shard_name(shard)}.parquet", buf.getvalue())
 
     def load_replies(self) -> None:
-        """Read every stored reply; each needs_response row must have one (else the reply phase did not finish)."""
+        """Read every stored reply; each needs_response row must have one (else the reply pass did not finish)."""
         for shard in range(len(self.shard_files)):
             lo, hi = self.offsets[shard], self.offsets[shard + 1]
             if not self.needs_response[lo:hi].any():
                 continue
             table = pq.read_table(io.BytesIO(self.replies.read(f"{shard_name(shard)}.parquet")))
-            self._replies[shard] = {sid: np.asarray(r, np.int64) for sid, r in zip(table.column("sample_id").to_pylist(), table.column("reply_ids").to_pylist())}
-            missing = [self.sample_ids[i] for i in range(lo, hi) if self.needs_response[i] and self.sample_ids[i] not in self._replies[shard]]
+            self._replies[shard] = {int(r): np.asarray(ids, np.int64) for r, ids in zip(table.column("row").to_pylist(), table.column("reply_ids").to_pylist())}
+            missing = [self.sample_ids[i] for i in range(lo, hi) if self.needs_response[i] and int(i - lo) not in self._replies[shard]]
             assert not missing, f"replies of shard {shard} lack {len(missing)} rows, e.g. {missing[0]}"
 
     def lengths(self) -> np.ndarray:
         """Tokens per row as trained: prompt + stored reply (cut to max_length) for needs_response rows."""
         lengths = self._prepared_len.copy()
         for shard, replies in self._replies.items():
-            for i in range(self.offsets[shard], self.offsets[shard + 1]):
-                if self.needs_response[i]:
-                    lengths[i] = min(self.prompt_len[i] + len(replies[self.sample_ids[i]]), self.max_length)
+            for position, reply in replies.items():
+                i = self.offsets[shard] + position
+                lengths[i] = min(self.prompt_len[i] + len(reply), self.max_length)
         return lengths
 
     def _shard(self, shard: int) -> pa.Table:
@@ -134,19 +133,8 @@ class PreparedRows:
         ids = np.asarray(table.column("input_ids")[local].as_py(), np.int64)
         mask = np.asarray(table.column("loss_mask")[local].as_py(), np.int64)
         if self.needs_response[index]:
-            reply = self._replies[shard][self.sample_ids[index]]
+            reply = self._replies[shard][local]
             prompt = ids[: self.prompt_len[index]]
             ids = np.concatenate([prompt, reply])[: self.max_length]
             mask = np.concatenate([np.zeros(len(prompt), np.int64), np.ones(len(reply), np.int64)])[: self.max_length]
         return Row(self.sample_ids[index], ids, mask)
-
-
-def generate_replies(rows: PreparedRows, shards: list[int], stream: Callable[[Iterable[list[list[int]]]], Iterator[list[list[int]]]], batch: int = 64) -> int:
-    """Generate and store the replies of the given shards, `stream` keeping requests in flight; returns the count written."""
-    written = 0
-    for shard in shards:
-        sample_ids, prompts = rows.prompts_of(shard)
-        replies = [reply for part in stream(prompts[i : i + batch] for i in range(0, len(prompts), batch)) for reply in part]
-        rows.write_replies(shard, sample_ids, replies)
-        written += len(replies)
-    return written

@@ -5,9 +5,11 @@
 - hybrid: a cache hit is used, a miss goes to the service and is stored when `store_misses`.
 
 Service requests for the next steps are in flight while the current step
-computes (the client's prefetch window); results come back in step order.
-Cache entries are keyed by a hash of the token ids, so a regenerated reply
-never reuses the states of another sequence.
+computes (the client's prefetch window); results come back in step order, as
+the service sent them (raypipe.serve.transport: a file on this node, or an
+array) or as cached tensors, and are copied once, into the step's buffer
+(raypipe.train.batches). Cache entries are keyed by a hash of the token ids,
+so a regenerated reply never reuses the states of another sequence.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from raypipe.serve.transport import as_tensor
 from raypipe.storage import Storage
 
 
@@ -57,8 +60,8 @@ class StateCache:
 
 def stream_states(
     packs: Iterable[list[np.ndarray]], mode: str, client: Any | None, cache: StateCache | None, store_misses: bool = True
-) -> Iterator[list[torch.Tensor]]:
-    """States of each pack's sequences, pack by pack in order."""
+) -> Iterator[list[Any]]:
+    """States of each pack's sequences, pack by pack in order (copy them with raypipe.serve.transport.copy_states)."""
     if mode == "online":
         assert client is not None, "online mode needs the service"
         yield from client.stream([ids.tolist() for ids in seqs] for seqs in packs)
@@ -91,6 +94,7 @@ def stream_states(
             if hit is None:
                 hit = next(fetched)
                 if store_misses:
+                    hit = as_tensor(hit)  # read once, stored, then copied into the step from memory
                     cache.put(ids, hit)
             out.append(hit)
         yield out

@@ -15,47 +15,53 @@ from raypipe.data.output import PreparedOutput
 from raypipe.data.prepare import PREPARED_SCHEMA
 from raypipe.storage import Storage
 from raypipe.train.ledger import Ledger
-from raypipe.train.rows import PreparedRows, generate_replies
+from raypipe.train.rows import PreparedRows
 from raypipe.train.states import StateCache, stream_states
 
 
-def _prepared(root: Path) -> PreparedOutput:
-    """Two shards: a trained row and a prompt-only row (prompt 3 tokens + placeholder 2) in the first, one row in the second."""
-    rows = [
-        [{"sample_id": "a", "input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1], "needs_response": False, "prompt_len": 2},
-         {"sample_id": "b", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 0, 0, 0], "needs_response": True, "prompt_len": 3}],
-        [{"sample_id": "c", "input_ids": [10, 11], "loss_mask": [0, 1], "needs_response": False, "prompt_len": 1}],
-    ]
-    shards = []
-    for i, shard in enumerate(rows):
+ROWS = [
+    [{"sample_id": "a", "input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1], "needs_response": False, "prompt_len": 2},
+     {"sample_id": "b", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 0, 0, 0], "needs_response": True, "prompt_len": 3}],
+    [{"sample_id": "c", "input_ids": [10, 11], "loss_mask": [0, 1], "needs_response": False, "prompt_len": 1}],
+]
+
+
+def _prepared(root: Path, shards: list[list[dict]] = ROWS) -> PreparedOutput:
+    """By default two shards: a trained row and a prompt-only row (prompt 3 tokens + placeholder 2) in the first, one row in the second."""
+    files = []
+    for i, shard in enumerate(shards):
         table = pa.Table.from_pylist(
             [{**r, "source": "s", "num_tokens": len(r["input_ids"]), "num_loss_tokens": sum(r["loss_mask"])} for r in shard], schema=PREPARED_SCHEMA
         )
         (root / "data").mkdir(parents=True, exist_ok=True)
         pq.write_table(table, root / "data" / f"part-{i:06d}.parquet")
-        shards.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard)})
-    (root / "manifest.json").write_text(json.dumps({"shards": shards, "end_of_turn": {"token": "<|im_end|>", "id": 151645}}))
+        files.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard)})
+    (root / "manifest.json").write_text(json.dumps({"shards": files, "end_of_turn": {"token": "<|im_end|>", "id": 151645}}))
     return PreparedOutput(str(root), {})
 
 
 def test_replies_replace_placeholders_and_are_cut_to_max_length(tmp_path: Path) -> None:
     rows = PreparedRows(_prepared(tmp_path / "prepared"), Storage(str(tmp_path / "replies"), {}), max_length=6)
     assert rows.shards_needing_replies() == [0]
-    asked = []
-
-    def stream(batches):
-        for batch in batches:
-            asked.append(batch)
-            yield [[20, 21, 22, 23] for _ in batch]
-
-    assert generate_replies(rows, [0], stream) == 1
-    assert asked == [[[5, 6, 7]]]  # the prompt only, without the placeholder reply
+    positions, prompts = rows.prompts_of(0)
+    assert (positions, prompts) == ([1], [[5, 6, 7]])  # the prompt only, without the placeholder reply
+    rows.write_replies(0, positions, [[20, 21, 22, 23]])
     assert rows.shards_needing_replies() == []
     rows.load_replies()
     assert rows.lengths().tolist() == [4, 6, 2]
     b = rows.row(1)
     assert b.input_ids.tolist() == [5, 6, 7, 20, 21, 22] and b.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]
     assert rows.row(2).input_ids.tolist() == [10, 11] and rows.row(0).loss_mask.tolist() == [0, 0, 1, 1]
+
+
+def test_rows_that_share_a_sample_id_keep_their_own_replies(tmp_path: Path) -> None:
+    twins = [[{"sample_id": "dup", "input_ids": [5, 6, 7, 8], "loss_mask": [0] * 4, "needs_response": True, "prompt_len": 3},
+              {"sample_id": "dup", "input_ids": [9, 8, 7, 8], "loss_mask": [0] * 4, "needs_response": True, "prompt_len": 3}]]
+    rows = PreparedRows(_prepared(tmp_path / "prepared", twins), Storage(str(tmp_path / "replies"), {}), max_length=8)
+    positions, prompts = rows.prompts_of(0)
+    rows.write_replies(0, positions, [[30 + p[0]] for p in prompts])
+    rows.load_replies()
+    assert rows.row(0).input_ids.tolist() == [5, 6, 7, 35] and rows.row(1).input_ids.tolist() == [9, 8, 7, 39]
 
 
 def test_replies_of_another_target_or_sampling_are_refused(tmp_path: Path) -> None:

@@ -1,0 +1,96 @@
+"""The reply pass: the target's own replies to needs_response rows, generated before training, as batch inference.
+
+Engines run as Ray actors with a Serve replica's resources (`serve.resource`,
+on the Serve node type; no training GPU is reserved and the hidden-state
+service is not running yet), up to `serve.max_replicas` of them. Each takes
+whole prepared shards and generates every reply of a shard in one call of
+vLLM's offline engine: continuous batching over `train.reply_max_sequences`
+sequences at once, no hidden-state extraction, stopping at the end-of-turn
+token the data stage recorded. A shard's replies are written atomically, keyed
+by row position (raypipe.train.rows), so the pass resumes shard by shard.
+`replies/meta.json` records the target, the data manifest, the sampling and
+the thinking setting; replies made otherwise are refused, not mixed in.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from raypipe.config import RaypipeConfig
+from raypipe.data.output import PreparedOutput
+from raypipe.storage import Storage, absolute
+from raypipe.train.rows import PreparedRows
+
+
+def reply_sampling(cfg: RaypipeConfig, end_of_turn_id: int) -> dict[str, Any]:
+    tc = cfg.train
+    return {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed, "stop_token_ids": [end_of_turn_id]}
+
+
+def open_rows(cfg: RaypipeConfig, cache_shards: int = 8) -> PreparedRows:
+    """The prepared rows with the run's replies directory; its meta checked against this config (written if new)."""
+    rows = PreparedRows(
+        PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options),
+        Storage(absolute(cfg.train.output), cfg.train.storage_options).child("replies"),
+        cfg.data.max_length,
+        cache_shards=cache_shards,
+    )
+    meta = {
+        "target": cfg.serve.model,
+        "data_manifest_sha256": rows.manifest_sha256,
+        "sampling": reply_sampling(cfg, rows.end_of_turn_id),
+        "enable_thinking": cfg.data.enable_thinking,
+    }
+    rows.check_replies_meta(meta, write=True)
+    return rows
+
+
+class ReplyWriter:
+    """One vLLM engine (no extraction) that writes the replies of whole shards."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from vllm import LLM, SamplingParams
+
+        from raypipe.serve.vllm_args import engine_args
+        from raypipe.target import resolve_target
+
+        cfg = RaypipeConfig.model_validate(config)
+        self.rows = open_rows(cfg)
+        self.llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
+        self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
+
+    def write(self, shard: int) -> tuple[int, int, int]:
+        """(shard, replies, reply tokens) once the shard's replies are stored."""
+        positions, prompts = self.rows.prompts_of(shard)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params, use_tqdm=False)
+        replies = [list(o.outputs[0].token_ids) for o in outputs]
+        self.rows.write_replies(shard, positions, replies)
+        return shard, len(replies), sum(map(len, replies))
+
+
+def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
+    """Generate the replies of every shard that lacks them; returns counts (nothing to do when all are stored)."""
+    import ray
+    from ray.util import ActorPool
+
+    from raypipe.serve.deployment import replica_resources
+
+    rows = open_rows(cfg)
+    todo = rows.shards_needing_replies()
+    if not todo:
+        return {"shards": 0, "replies": 0, "tokens": 0}
+    engines = min(cfg.serve.max_replicas, len(todo))
+    print(f"[replies] {len(todo)} shards need on-policy replies: {engines} vLLM engine(s), up to {cfg.train.reply_max_sequences} sequences each", flush=True)
+    options = {**replica_resources(cfg.serve), "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}}  # vLLM's own error surfaces here
+    writer = ray.remote(**options)(ReplyWriter)
+    actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
+    start, replies, tokens = time.perf_counter(), 0, 0
+    try:
+        for done, (shard, n, t) in enumerate(ActorPool(actors).map_unordered(lambda actor, s: actor.write.remote(s), todo), 1):
+            replies, tokens = replies + n, tokens + t
+            print(f"[replies] shard {shard} done ({done}/{len(todo)}), {replies} replies, {tokens / (time.perf_counter() - start):.0f} tokens/s", flush=True)
+    finally:
+        for actor in actors:
+            ray.kill(actor)  # their CPUs or GPUs go to the service and the trainers
+    return {"shards": len(todo), "replies": replies, "tokens": tokens, "seconds": time.perf_counter() - start}
