@@ -117,6 +117,7 @@ def main() -> None:
     from raypipe.storage import Storage
     from raypipe.train.ledger import read_ledger
     from raypipe.train.launcher import latest_checkpoint, run_training
+    from raypipe.train.replies import run_replies
 
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "src").mkdir(parents=True)
@@ -143,6 +144,7 @@ def main() -> None:
     def ray_train(name: str, mode: str) -> tuple[list[dict], float, int]:
         cfg = config(name, mode)
         start = time.perf_counter()
+        run_replies(cfg)
         assert run_training(cfg).error is None
         wall = time.perf_counter() - start
         steps = sorted((s for seg in read_ledger(run, name, 0) for s in seg["steps"]), key=lambda s: s["step"])

@@ -96,7 +96,7 @@ class ServeConfig(_Strict):
     dtype: str = Field(default="auto", description="Engine dtype (auto, bfloat16, float32).")
     max_model_len: int = Field(default=4096, gt=0, description="Longest sequence a request may carry.")
     max_sequences: int = Field(default=64, gt=0, description="Most sequences in one request.")
-    max_batch_tokens: int = Field(default=16384, gt=0, description="Token budget of one engine call (and of one request).")
+    max_batch_tokens: int = Field(default=16384, gt=0, description="Most tokens in one request (the engine batches requests continuously).")
     tensor_parallel_size: int = Field(default=1, gt=0, description="vLLM tensor parallelism per replica.")
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's share of each GPU's memory (GPUs only; on CPU set kv_cache_gib).")
     kv_cache_gib: float | None = Field(

@@ -1,7 +1,9 @@
 """The autoscaler grows a head-only cluster for a pipeline job and shrinks it after; the service scales on backlog.
 
-The fake node types mirror cluster.yaml's (same names and custom resources,
-this machine's size), so placement follows the same rules as on AWS. The job
+The fake node types mirror those of each cluster layout (same names and
+custom resources, this machine's size): cluster.yaml's one GPU node type
+that carries both the service and the trainer, and cluster_separate.yaml's
+serve and train node types; placement follows the same rules as on AWS. The job
 runs in this checkout rather than an uploaded working dir: fake nodes share
 one disk, and a removed node's runtime-env agent deleted the uploaded package
 under the running driver (its working directory vanished mid-job);
@@ -24,15 +26,20 @@ from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
-FAKE_RESOURCES = {"cpu": {"CPU": 2}, "serve_gpu": {"CPU": 1, "serve_gpu": 1}, "train_gpu": {"CPU": 1, "train_gpu": 2}}
+# Per layout: each worker node type at this machine's size (no GPUs here: the custom resources do the placing), and
+# the node type whose count shows the service's second replica (one serve_gpu unit per node, so a replica per node).
+FAKE = {
+    "cluster.yaml": ({"cpu": {"CPU": 2}, "gpu": {"CPU": 2, "serve_gpu": 1, "train_gpu": 2}}, "gpu"),
+    "cluster_separate.yaml": ({"cpu": {"CPU": 2}, "serve_gpu": {"CPU": 1, "serve_gpu": 1}, "train_gpu": {"CPU": 1, "train_gpu": 2}}, "serve_gpu"),
+}
 
 
-def fake_node_types() -> dict:
-    """cluster.yaml's worker node types at this machine's size (no GPUs here: the custom resources do the placing)."""
-    cluster = yaml.safe_load((ROOT / "cluster.yaml").read_text())
+def fake_node_types(layout: str) -> dict:
+    cluster = yaml.safe_load((ROOT / layout).read_text())
     types = {n: t for n, t in cluster["available_node_types"].items() if n != cluster["head_node_type"]}
-    assert set(types) == set(FAKE_RESOURCES)
-    return {n: {"resources": FAKE_RESOURCES[n], "node_config": {}, "min_workers": t["min_workers"], "max_workers": 2} for n, t in types.items()}
+    resources, _ = FAKE[layout]
+    assert set(types) == set(resources)
+    return {n: {"resources": resources[n], "node_config": {}, "min_workers": t["min_workers"], "max_workers": 2} for n, t in types.items()}
 
 
 class NodeWatcher(threading.Thread):
@@ -49,16 +56,21 @@ class NodeWatcher(threading.Thread):
             self.peak |= now
 
 
+@pytest.fixture(params=sorted(FAKE))
+def layout(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture
-def fake_cluster(tmp_path: Path) -> LocalCluster:
-    cluster = LocalCluster(tmp_path / "cluster", head_cpus=0, node_types=fake_node_types(), idle_timeout_minutes=0.5)
+def fake_cluster(layout: str, tmp_path: Path) -> LocalCluster:
+    cluster = LocalCluster(tmp_path / "cluster", head_cpus=0, node_types=fake_node_types(layout), idle_timeout_minutes=0.5)
     cluster.start()
     yield cluster
     cluster.stop()
 
 
 @pytest.mark.timeout(1800)  # a pipeline job, then the idle timeout; slower when the suite shares the 2 cores
-def test_a_pipeline_scales_the_node_types_up_and_back_down(fake_cluster: LocalCluster, demo_target: str, tmp_path: Path) -> None:
+def test_a_pipeline_scales_the_node_types_up_and_back_down(layout: str, fake_cluster: LocalCluster, demo_target: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     overrides = [
         "name=autoscaled", "data.sources=[{path: data/demo/heldout.jsonl}]", f"data.output={out}/prepared", "data.num_actors=1", "data.cpus_per_actor=1",
@@ -71,8 +83,9 @@ def test_a_pipeline_scales_the_node_types_up_and_back_down(fake_cluster: LocalCl
     watcher.start()
     status, logs = fake_cluster.wait(fake_cluster.submit(["bash", "-c", f"cd {ROOT} && {shlex.join([sys.executable, 'jobs/pipeline.py', '--recipe', 'demo', *overrides])}"], None), timeout_s=1500)
     assert status == "SUCCEEDED", logs[-5000:]
-    assert watcher.peak["cpu"] >= 1 and watcher.peak["train_gpu"] >= 1, watcher.peak
-    assert watcher.peak["serve_gpu"] == 2, f"the service did not scale to its second replica on backlog: {watcher.peak}"
+    _, second_replica_node = FAKE[layout]
+    assert watcher.peak["cpu"] >= 1 and all(watcher.peak[n] >= 1 for n in FAKE[layout][0]), watcher.peak
+    assert watcher.peak[second_replica_node] == 2, f"the service did not scale to its second replica on backlog: {watcher.peak}"
 
     deadline = time.monotonic() + 240
     while fake_cluster.node_types_alive() and time.monotonic() < deadline:

@@ -1,4 +1,5 @@
-"""cluster.yaml is a valid Ray autoscaler config that fits raypipe's recipes."""
+"""cluster.yaml (one 8-GPU node for service and trainer, the default) and cluster_separate.yaml are valid Ray
+autoscaler configs that fit raypipe's recipes."""
 
 from __future__ import annotations
 
@@ -14,40 +15,54 @@ from ray.autoscaler._private.util import prepare_config, validate_config
 
 from raypipe.config import load_config
 
-CLUSTER = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster.yaml").read_text())
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUTS = {name: yaml.safe_load((ROOT / name).read_text()) for name in ("cluster.yaml", "cluster_separate.yaml")}
+CLUSTER = LAYOUTS["cluster.yaml"]
 
 
-def test_the_shipped_schema_and_rays_own_validation_accept_it() -> None:
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_shipped_schema_and_rays_own_validation_accept_it(layout: str) -> None:
     schema = json.loads((Path(ray.autoscaler.__path__[0]) / "ray-schema.json").read_text())
-    jsonschema.validate(CLUSTER, schema)
-    validate_config(prepare_config(copy.deepcopy(CLUSTER)))  # Ray's defaults merged in, then its semantic checks
+    jsonschema.validate(LAYOUTS[layout], schema)
+    validate_config(prepare_config(copy.deepcopy(LAYOUTS[layout])))  # Ray's defaults merged in, then its semantic checks
 
 
 def test_a_typo_is_caught_by_the_validation() -> None:
     broken = copy.deepcopy(CLUSTER)
-    broken["available_node_types"]["serve_gpu"]["max_worker"] = 4
+    broken["available_node_types"]["gpu"]["max_worker"] = 4
     with pytest.raises(jsonschema.ValidationError, match="max_worker"):
         validate_config(prepare_config(broken))
 
 
-def test_node_types_fit_the_recipes() -> None:
-    types = CLUSTER["available_node_types"]
-    assert types[CLUSTER["head_node_type"]]["resources"] == {"CPU": 0}  # the head does no work
-    for cpu_only in (t for name, t in types.items() if name != CLUSTER["head_node_type"] and "GPU" not in t["resources"]):
+def test_the_default_layout_is_the_seeds_one_node() -> None:
+    """Service and trainer share one 8-GPU node type (4 GPUs each), so states move through shared memory."""
+    [gpu] = [t for t in CLUSTER["available_node_types"].values() if "GPU" in t["resources"]]
+    assert gpu["resources"]["GPU"] == 8 and gpu["resources"]["serve_gpu"] == gpu["resources"]["train_gpu"] == 4
+    assert gpu["node_config"]["InstanceType"] in ("p5en.48xlarge", "p5e.48xlarge")  # 8 x H200
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_node_types_fit_the_recipes(layout: str) -> None:
+    cluster = LAYOUTS[layout]
+    types = cluster["available_node_types"]
+    assert types[cluster["head_node_type"]]["resources"] == {"CPU": 0}  # the head does no work
+    for cpu_only in (t for name, t in types.items() if name != cluster["head_node_type"] and "GPU" not in t["resources"]):
         assert cpu_only["min_workers"] == 0  # the data stage's nodes scale from zero
+    for node in (t for t in types.values() if "GPU" in t["resources"]):
+        # Serve replicas and Train workers take GPUs by their own custom resource: together never more than the node has.
+        assert node["resources"].get("serve_gpu", 0) + node["resources"].get("train_gpu", 0) == node["resources"]["GPU"]
     for recipe in ("qwen3_8b", "qwen36_27b"):
         cfg = load_config(recipe)
-        [serve_node] = [t for t in types.values() if cfg.serve.resource in t["resources"]]
-        [train_node] = [t for t in types.values() if cfg.train.resource in t["resources"]]
-        assert serve_node is not train_node and cfg.serve.resource not in train_node["resources"]
-        per_node = serve_node["resources"]["GPU"] // cfg.serve.num_gpus
-        assert per_node >= 1 and per_node * serve_node["max_workers"] >= cfg.serve.max_replicas
-        assert serve_node["resources"][cfg.serve.resource] == serve_node["resources"]["GPU"]
-        assert train_node["resources"]["GPU"] * train_node["max_workers"] >= cfg.train.num_workers
-        assert train_node["resources"][cfg.train.resource] == train_node["resources"]["GPU"]
+        serve_units = sum(t["resources"].get(cfg.serve.resource, 0) * t.get("max_workers", 0) for t in types.values())
+        train_units = [t["resources"].get(cfg.train.resource, 0) for t in types.values()]
+        assert serve_units >= cfg.serve.max_replicas * cfg.serve.num_gpus, (layout, recipe)
+        assert max(train_units) >= cfg.train.num_workers, (layout, recipe)  # the placement group fits on one node (PACK)
+        assert all(t["resources"].get(cfg.serve.resource, 0) % cfg.serve.num_gpus == 0 for t in types.values())  # no replica split across nodes
 
 
-def test_the_image_is_pinned_and_the_nodes_install_raypipe() -> None:
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_image_is_pinned_and_the_nodes_install_raypipe(layout: str) -> None:
+    CLUSTER = LAYOUTS[layout]
     assert CLUSTER["docker"]["image"].startswith(f"rayproject/ray:{ray.__version__}-py311")
     assert any("pip install" in c and "raypipe" in c for c in CLUSTER["setup_commands"])
     assert not any("uninstall" in c for c in CLUSTER["setup_commands"])  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6

@@ -21,7 +21,8 @@ from raypipe.sizing import size_run
 from raypipe.target import resolve_target
 from raypipe.train.drafter import drafter_on_meta
 
-CLUSTER = yaml.safe_load((Path(__file__).resolve().parents[1] / "cluster.yaml").read_text())
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUTS = {name: yaml.safe_load((ROOT / name).read_text()) for name in ("cluster.yaml", "cluster_separate.yaml")}
 GPU_BYTES = {  # memory per GPU of cluster.yaml's instance types, as nvidia-smi reports it
     "g6e.12xlarge": 46_068 << 20,  # L40S
     "p5.48xlarge": 81_559 << 20,  # H100 SXM
@@ -82,10 +83,11 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
     assert sizing.drafter_frozen == 3 * vocab * hidden + hidden  # embedding, LM head, the target's LM head for the targets, its final norm
     assert sizing.state_bytes_per_token == state_bytes
 
-    # Memory per GPU against the GPUs cluster.yaml gives each stage.
-    types = CLUSTER["available_node_types"].values()
-    [serve_node] = [t for t in types if cfg.serve.resource in t["resources"]]
-    [train_node] = [t for t in types if cfg.train.resource in t["resources"]]
-    serve_gpu, train_gpu = GPU_BYTES[serve_node["node_config"]["InstanceType"]], GPU_BYTES[train_node["node_config"]["InstanceType"]]
-    assert sizing.serve_bytes_per_gpu <= cfg.serve.gpu_memory_utilization * serve_gpu, (sizing.summary(), serve_gpu)
-    assert sizing.train_bytes_per_gpu <= 0.8 * train_gpu, (sizing.summary(), train_gpu)  # room for activations and the allocator
+    # Memory per GPU against the GPUs each cluster layout gives each stage.
+    for layout, cluster in LAYOUTS.items():
+        types = cluster["available_node_types"].values()
+        [serve_node] = [t for t in types if cfg.serve.resource in t["resources"]]
+        [train_node] = [t for t in types if cfg.train.resource in t["resources"]]
+        serve_gpu, train_gpu = GPU_BYTES[serve_node["node_config"]["InstanceType"]], GPU_BYTES[train_node["node_config"]["InstanceType"]]
+        assert sizing.serve_bytes_per_gpu <= cfg.serve.gpu_memory_utilization * serve_gpu, (layout, sizing.summary(), serve_gpu)
+        assert sizing.train_bytes_per_gpu <= 0.8 * train_gpu, (layout, sizing.summary(), train_gpu)  # room for activations and the allocator

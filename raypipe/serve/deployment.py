@@ -194,10 +194,13 @@ class HiddenStateService:
         return "ok"
 
     def __del__(self) -> None:
-        """Graceful shutdown: Serve drains the replica, then the engine and its state files go."""
+        """Graceful shutdown: Serve drains the replica, then the engine goes, and its directory unless a trainer still owns files in it."""
         close = getattr(getattr(self, "engine", None), "close", None)
         if close is not None:
             close()
+        directory = getattr(self, "directory", None)
+        if directory is not None and directory.is_dir() and not any(directory.iterdir()):
+            directory.rmdir()
 
     async def describe(self) -> dict[str, Any]:
         """What this service serves: a client attaching to a running service checks it is the one it needs."""

@@ -60,13 +60,14 @@ class ReplyWriter:
         self.llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
         self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
 
-    def write(self, shard: int) -> tuple[int, int, int]:
-        """(shard, replies, reply tokens) once the shard's replies are stored."""
+    def write(self, shard: int) -> tuple[int, int, int, float]:
+        """(shard, replies, reply tokens, seconds) once the shard's replies are stored."""
+        start = time.perf_counter()
         positions, prompts = self.rows.prompts_of(shard)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params, use_tqdm=False)
         replies = [list(o.outputs[0].token_ids) for o in outputs]
         self.rows.write_replies(shard, positions, replies)
-        return shard, len(replies), sum(map(len, replies))
+        return shard, len(replies), sum(map(len, replies)), time.perf_counter() - start
 
 
 def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
@@ -85,12 +86,13 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     options = {**replica_resources(cfg.serve), "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}}  # vLLM's own error surfaces here
     writer = ray.remote(**options)(ReplyWriter)
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
-    start, replies, tokens = time.perf_counter(), 0, 0
+    start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
     try:
-        for done, (shard, n, t) in enumerate(ActorPool(actors).map_unordered(lambda actor, s: actor.write.remote(s), todo), 1):
-            replies, tokens = replies + n, tokens + t
-            print(f"[replies] shard {shard} done ({done}/{len(todo)}), {replies} replies, {tokens / (time.perf_counter() - start):.0f} tokens/s", flush=True)
+        for done, (shard, n, t, seconds) in enumerate(ActorPool(actors).map_unordered(lambda actor, s: actor.write.remote(s), todo), 1):
+            replies, tokens, busy = replies + n, tokens + t, busy + seconds
+            print(f"[replies] shard {shard} done ({done}/{len(todo)}): {replies} replies, {tokens * engines / busy:.0f} tokens/s while generating", flush=True)
     finally:
         for actor in actors:
             ray.kill(actor)  # their CPUs or GPUs go to the service and the trainers
-    return {"shards": len(todo), "replies": replies, "tokens": tokens, "seconds": time.perf_counter() - start}
+    # seconds: wall time with the engines' start; generating_s: summed over engines, shard generation and writing only
+    return {"shards": len(todo), "replies": replies, "tokens": tokens, "seconds": time.perf_counter() - start, "generating_s": busy}

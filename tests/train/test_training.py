@@ -18,10 +18,12 @@ from raypipe.eval.spec_decode import generate_in_vllm
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.vllm_args import engine_args
+from raypipe.serve.transport import reclaim_orphans
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
+from raypipe.train.replies import run_replies
 from raypipe.train.ledger import read_ledger, read_training_curve
 from tests.conftest import scrape_metrics
 from tests.train.conftest import run_config
@@ -29,9 +31,15 @@ from tests.train.conftest import run_config
 pytestmark = pytest.mark.integration
 
 
+def train(cfg):
+    """As `raypipe train` does: the reply pass, then the workers."""
+    run_replies(cfg)
+    return run_training(cfg)
+
+
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(ray_cluster: str, prepared: Path, service, tmp_path: Path) -> None:
     cfg = run_config(prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100", "train.log_every=5")
-    result = run_training(cfg)
+    result = train(cfg)
     assert result.error is None
     run = Storage(cfg.train.output, {})
     steps = read_training_curve(run, cfg.name)
@@ -87,7 +95,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
 
     killer = threading.Thread(target=kill_a_worker_after_a_committed_checkpoint)
     killer.start()
-    result = run_training(cfg)
+    result = train(cfg)
     killer.join()
     assert result.error is None and killed
     expected = Counter(_all_sample_ids(cfg))
@@ -102,17 +110,46 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted group.
     assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
     assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
+    # The killed trainer's prefetched states were handed to it as files; the restarted workers reclaimed them.
+    assert not list(Path("/dev/shm").glob(f"raypipe-states-*/owner-{killed['pid']}")), "states of the killed trainer were left behind"
     curve = read_training_curve(run, cfg.name)
     logged = [s["step"] for s in curve]
     # Steps after the checkpoint were replayed, not skipped or doubled: every step is in exactly one logged interval.
     assert logged == sorted(set(logged)) and sum(s["steps"] for s in curve) == logged[-1]
 
 
+def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(prepared: Path, service, tmp_path: Path) -> None:
+    cfg = run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6")
+    run = Storage(cfg.train.output, {})
+    replica = service.stats.remote().result()["pid"]
+    killed: dict = {}
+
+    def kill_the_replica_mid_epoch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            if run.exists("ledger") and run.glob(f"ledger/{cfg.name}/epoch-0000/*.json"):
+                os.kill(replica, signal.SIGKILL)
+                killed["at"] = run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_the_replica_mid_epoch)
+    killer.start()
+    result = train(cfg)
+    killer.join()
+    assert result.error is None and killed
+    assert service.stats.remote().result()["pid"] != replica  # Serve replaced it; the client resubmitted what was in flight
+    trained = Counter(sid for seg in read_ledger(run, cfg.name, 0) for sid in seg["sample_ids"])
+    assert trained == Counter(_all_sample_ids(cfg)), "a sample was lost or repeated"
+    reclaim_orphans()  # what a replica does every minute: the dead replica's and the finished trainers' leftovers go
+    leftovers = [str(p) for p in Path("/dev/shm").glob("raypipe-states-*/**/*.safetensors")]
+    assert not leftovers and not list(Path("/dev/shm").glob(f"raypipe-states-{replica}-*")), leftovers
+
+
 def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepared: Path, service, s3_server, tmp_path: Path) -> None:
     options = json.dumps(s3_server)
     common = ["train.output=s3://raypipe/runs/s3test", f"train.storage_options={options}", "train.cache=s3://raypipe/cache/s3test", "train.max_steps=6", "train.checkpoint_every=3"]
     cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
-    assert run_training(cfg).error is None
+    assert train(cfg).error is None
     run = Storage(cfg.train.output, s3_server)
     assert [s["step"] for s in read_training_curve(run, cfg.name)] == [3, 6]  # metrics reduced at each checkpoint
     assert run.glob(f"ray_train/{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
@@ -124,7 +161,7 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepar
     # Offline: the same steps read every state from the cache; the service is not asked (its request count stays put).
     before = service.stats.remote().result()["requests"]
     offline = run_config(prepared, tmp_path, *common, "name=debug_cpu_offline", "train.hidden_states=offline")
-    assert run_training(offline).error is None
+    assert train(offline).error is None
     assert [s["step"] for s in read_training_curve(run, offline.name)] == [3, 6]
     assert service.stats.remote().result()["requests"] == before
     assert Storage(cfg.train.cache, s3_server).glob("*/*.pt") == cached
