@@ -13,7 +13,9 @@ frozen weights (DDP, or FSDP2 with bf16 parameters and fp32 reduction); the
 step (raypipe.train.step); hidden states from pinned host memory copied on a
 side stream (raypipe.train.batches.DeviceFeeder); metrics summed on the device
 and all-reduced every 10 steps over a world-size-1 `cpu:gloo,cuda:nccl` group
-(raypipe.train.metrics). Hidden states and token ids are random: speed does
+(raypipe.train.metrics). It also times the same-node path's one host copy
+(a states file in /dev/shm into a pinned buffer, raypipe.serve.transport) and
+the pinned and pageable host-to-device copies. Hidden states and token ids are random: speed does
 not depend on their values, and no target weights exist on that machine.
 
 Model FLOPs per step (T context tokens, D = anchors x block drafted tokens,
@@ -100,6 +102,31 @@ def copy_rate(device: Any, nbytes: int, pinned: bool, reps: int = 10) -> float:
         end.record(stream)
     end.synchronize()
     return reps * nbytes / (start.elapsed_time(end) / 1000) / 1e9
+
+
+def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
+    """GB/s of the same-node path's one host copy: a states file in /dev/shm into a pinned buffer (raypipe.serve.transport)."""
+    import os
+
+    import torch
+
+    from raypipe.serve.transport import copy_states, hand_over, reclaim_orphans, replica_dir, write_states
+
+    directory = replica_dir()
+    ids = list(range(shape[0]))
+    template = write_states(directory, "template", torch.randn(*shape).to(torch.bfloat16), ids)
+    pinned = torch.empty(shape, dtype=torch.bfloat16, pin_memory=torch.cuda.is_available())
+    seconds = 0.0
+    for i in range(reps + 1):
+        os.link(template, directory / f"r{i}.safetensors")
+        handed = hand_over(str(directory / f"r{i}.safetensors"), ids, os.getpid())
+        start = time.perf_counter()
+        copy_states(handed, pinned)
+        seconds += (time.perf_counter() - start) if i else 0.0  # the first copy warms the buffer
+    os.unlink(template)
+    reclaim_orphans()
+    directory.rmdir()
+    return reps * pinned.numel() * 2 / seconds / 1e9
 
 
 def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: Any) -> dict[str, Any]:
@@ -226,6 +253,7 @@ def main() -> None:
             "shape": {"hidden": shape.hidden_size, "vocab": shape.vocab_size, "draft_layers": args.draft_layers, "block": args.block, "anchors": args.anchors, "seq": args.seq},
             "runs": [],
         }
+        report["shm_to_pinned_gb_per_s"] = shm_to_pinned_rate((args.seq, len(target.layer_ids), shape.hidden_size))
         if device.type == "cuda":
             nbytes = args.seq * len(target.layer_ids) * shape.hidden_size * 2
             report["h2d_gb_per_s"] = {"pinned": copy_rate(device, nbytes, True), "pageable": copy_rate(device, nbytes, False), "bytes_per_step": nbytes}
