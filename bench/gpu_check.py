@@ -107,10 +107,11 @@ def copy_rate(device: Any, nbytes: int, pinned: bool, reps: int = 10) -> float:
 def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
     """GB/s of the same-node path's one host copy: a states file in /dev/shm into a pinned buffer (raypipe.serve.transport)."""
     import os
+    import shutil
 
     import torch
 
-    from raypipe.serve.transport import copy_states, hand_over, reclaim_orphans, replica_dir, write_states
+    from raypipe.serve.transport import copy_states, hand_over, replica_dir, write_states
 
     directory = replica_dir()
     ids = list(range(shape[0]))
@@ -123,9 +124,7 @@ def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
         start = time.perf_counter()
         copy_states(handed, pinned)
         seconds += (time.perf_counter() - start) if i else 0.0  # the first copy warms the buffer
-    os.unlink(template)
-    reclaim_orphans()
-    directory.rmdir()
+    shutil.rmtree(directory)
     return reps * pinned.numel() * 2 / seconds / 1e9
 
 
