@@ -117,11 +117,13 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
     start, header = _header(path)
     _check_ids(path, start, header, expected_ids)
     entry = header["hidden_states"]
-    np_dtype = DTYPES[entry["dtype"]][1]
-    begin, end = entry["data_offsets"]
-    with open(path, "rb") as f:
-        f.seek(start + begin)
-        array = np.frombuffer(f.read(end - begin), dtype=np_dtype).reshape(entry["shape"])
+    array = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]][1])
+    target = memoryview(array).cast("B")
+    with open(path, "rb", buffering=0) as f:  # read straight into the array Ray will ship out of band
+        f.seek(start + entry["data_offsets"][0])
+        done = 0
+        while done < len(target):
+            done += f.readinto(target[done:])
     os.unlink(path)
     return array
 
