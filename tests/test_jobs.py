@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from raypipe.storage import Storage
+from raypipe.train.ledger import read_training_curve
 from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -88,6 +90,10 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(hea
     assert sorted(p.stem for p in (out / "train" / "pipeline").glob("*.json")) == ["eval", "export", "prepare", "train"]
     assert (out / "train" / "drafter" / "export.json").is_file()
     check_demo_evaluation(json.loads((out / "train" / "eval" / "eval.json").read_text()))
+    # The service and the trainers share this node: states came as files (epoch 1), then from the cache; none through Ray.
+    curve = read_training_curve(Storage(str(out / "train"), {}), "demo")
+    came = {k: sum(s[k] for s in curve) for k in ("states_file", "states_array", "states_cache")}
+    assert came["states_file"] > 0 and came["states_cache"] > 0 and came["states_array"] == 0, came
 
     # Metrics of every stage went through the cluster's metrics endpoint.
     missing = {stage: [m for m in names if m not in watcher.seen] for stage, names in STAGE_METRICS.items()}

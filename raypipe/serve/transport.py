@@ -154,6 +154,11 @@ def copy_states(source: StateFile | np.ndarray | torch.Tensor, out: torch.Tensor
         out.copy_(source)
 
 
+def source_kind(source: StateFile | np.ndarray | torch.Tensor) -> str:
+    """file: handed over on this node; array: from another node through the object store; cache: a stored tensor."""
+    return "file" if isinstance(source, StateFile) else "array" if isinstance(source, np.ndarray) else "cache"
+
+
 def states_dtype(source: StateFile | np.ndarray | torch.Tensor) -> torch.dtype:
     if isinstance(source, StateFile):
         return DTYPES[source.dtype][0]

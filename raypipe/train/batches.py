@@ -13,13 +13,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from raypipe.serve.transport import copy_states, states_dtype
+from raypipe.serve.transport import copy_states, source_kind, states_dtype
 
 if TYPE_CHECKING:
     from raypipe.train.rows import Row
@@ -31,6 +31,13 @@ class Step:
 
     index: int | None
     rows: list[Row]
+    sources: dict[str, float] = field(default_factory=dict)  # how its rows' states arrived: see state_sources
+
+
+def state_sources(states: list[Any]) -> dict[str, float]:
+    """Rows whose states came as a file on this node, as an object-store array (another node), or from the cache."""
+    kinds = [source_kind(s) for s in states]
+    return {f"states_{k}": float(kinds.count(k)) for k in ("file", "array", "cache")}
 
 
 def pack_host(rows: list[Row], states: list[Any], pin: bool) -> dict[str, torch.Tensor]:
@@ -97,6 +104,7 @@ class DeviceFeeder:
         try:
             stream = torch.cuda.Stream(self.device) if self.cuda else None
             for step, states in steps:
+                step.sources = state_sources(states)
                 host = pack_host(step.rows, states, pin=self.cuda)
                 if stream is None:
                     item = (step, host, None)

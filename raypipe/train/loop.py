@@ -181,7 +181,7 @@ class Trainer:
                 state.step += 1
                 state.cursor = min(state.cursor + self.w.world, len(plan.packs))
                 tokens = float(batch["input_ids"].shape[1]) if step.index is not None else 0.0
-                self.metrics.add(model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick)
+                self.metrics.add(model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick, **step.sources)
                 self.ledger.add(state.epoch, cursor_before, [r.sample_id for r in step.rows] if step.index is not None else [])
                 at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
                 checkpoint = state.step % tc.checkpoint_every == 0 or at_end

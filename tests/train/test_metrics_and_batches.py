@@ -93,6 +93,7 @@ def test_the_feeder_packs_each_step_on_the_device_and_splits_the_states() -> Non
     states = [[torch.full((3, 3, 2), 1.0, dtype=torch.bfloat16), torch.full((2, 3, 2), 2.0, dtype=torch.bfloat16)], [torch.arange(24, dtype=torch.bfloat16).reshape(4, 3, 2)]]
     out = list(DeviceFeeder(iter(zip(steps, states)), torch.device("cpu"), torch.float32))
     assert [s.index for s, _ in out] == [0, None]
+    assert out[0][0].sources == {"states_file": 0.0, "states_array": 0.0, "states_cache": 2.0}  # tensors: what the cache gives
     first = out[0][1]
     assert first["input_ids"].tolist() == [[0, 1, 2, 10, 11]] and first["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
     assert first["document_ids"].tolist() == [[0, 0, 0, 1, 1]] and first["loss_mask"].shape == (1, 5)
