@@ -20,6 +20,7 @@ from raypipe.config import load_config
 from raypipe.pipeline import run_pipeline
 from raypipe.storage import Storage
 from raypipe.train.ledger import read_training_curve
+from raypipe.train.replies import open_rows
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
@@ -32,6 +33,8 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     for name, rows in (("openai", 90), ("sharegpt", 60)):
         lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
         (tmp_path / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    twins = [{"id": "twin", "messages": [{"role": "user", "content": text}]} for text in ("Name three rivers.", "Count to five, please.")]
+    (tmp_path / "src" / "twins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in twins))  # one sample_id, two prompts
     cfg = load_config(
         "tiny_qwen36",
         [
@@ -54,6 +57,11 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     replies = [r for f in sorted((tmp_path / "train" / "replies").glob("*.parquet")) for r in pq.read_table(f).column("reply_ids").to_pylist()]
     assert len(replies) == manifest["counts"]["needs_response"]
     assert all(IM_END not in r[:-1] and 0 < len(r) <= 24 for r in replies)
+    # The two rows that share a sample_id got a reply each, to their own prompt (replies are keyed by row position).
+    rows = open_rows(cfg)
+    rows.load_replies()
+    twins = [i for i, sid in enumerate(rows.sample_ids) if sid == "twin"]
+    assert len(twins) == 2 and rows.row(twins[0]).input_ids.tolist() != rows.row(twins[1]).input_ids.tolist()
 
     # Training: the drafter for the composite target trained to the last step; the export is what vLLM loads.
     curve = read_training_curve(Storage(str(tmp_path / "train"), {}), cfg.name)
