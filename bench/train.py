@@ -72,11 +72,11 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     torch.manual_seed(tc.seed * 1_000_003)
     out = []
     tick = time.perf_counter()
-    for pack, states in zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)):
+    for step, (pack, states) in enumerate(zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)), 1):
         waited = time.perf_counter() - tick
         batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
         train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
-        out.append({"tokens": float(batch["input_ids"].shape[1]), "wait_s": waited, "step_s": time.perf_counter() - tick})
+        out.append({"step": step, "tokens": float(batch["input_ids"].shape[1]), "wait_s": waited, "step_s": time.perf_counter() - tick})
         tick = time.perf_counter()
     return out
 
