@@ -74,7 +74,7 @@ def rendered_texts(corpus: Path) -> tuple[list[str], object, object]:
     preparer = ShardPreparer(cfg, spec)
     texts = []
     for chunk in plan_chunks(cfg.sources, {}, cfg.chunk_bytes):
-        for _, raw in read_chunk(chunk, {}):
+        for _, raw in read_chunk(chunk, {}, cfg.max_row_bytes):
             try:
                 segs = preparer.renderer.segment(normalize(json.loads(raw)))
             except Reject:

@@ -137,7 +137,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     from raypipe.train.drafter import drafter_config, loss_implementation, step_kwargs
     from raypipe.train.metrics import StepMetrics
     from raypipe.train.rows import Row
-    from raypipe.train.step import place_drafter, precision, train_step
+    from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
     from speculators.models.dflash import DFlashDraftModel
 
     tc = TrainConfig(
@@ -154,7 +154,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
                     param.normal_(0.0, 0.02)
     model = place_drafter(drafter, strategy, device)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-4)
+    optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     autocast, dtype = precision(device)
     kwargs = step_kwargs(tc)

@@ -51,7 +51,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     from raypipe.target import resolve_target
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.step import precision, train_step
+    from raypipe.train.step import make_optimizer, precision, train_step
     from raypipe.train.plan import lr_factor, plan_epoch
     from raypipe.train.rows import PreparedRows
     from raypipe.train.states import StateCache, stream_states
@@ -63,7 +63,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
     model = build_drafter(target, tc)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
+    optimizer = make_optimizer(params, tc.lr, tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.warmup_ratio))
     cache = StateCache(Storage(tc.cache, {}), cfg.serve.model, list(target.layer_ids))
     autocast, dtype = precision(torch.device("cpu"))

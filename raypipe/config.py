@@ -16,12 +16,40 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+REDACTED = "<redacted>"
+# Names of fsspec options that carry credentials (s3fs key/secret/token, client_kwargs' aws_*_key*, gcsfs token,
+# adlfs account_key/sas_token/connection_string, HTTP headers' Authorization, passwords), matched as substrings.
+_SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature", "connection_string")
+
+
+def redact(doc: Any) -> Any:
+    """A copy of a config dump with every credential under `storage_options` replaced by a constant.
+
+    What is persisted, hashed, logged or shown goes through this (so a rotated secret changes no fingerprint,
+    while an endpoint still does); what workers use is the real config.
+    """
+    return _redact(doc, False)
+
+
+def _redact(doc: Any, options: bool) -> Any:
+    if isinstance(doc, dict):
+        return {
+            k: REDACTED if options and any(n in str(k).lower() for n in _SECRET_NAMES) else _redact(v, options or k == "storage_options")
+            for k, v in doc.items()
+        }
+    if isinstance(doc, list):
+        return [_redact(v, options) for v in doc]
+    return doc
 
 
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo must not silently fall back to a default."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    def public_dump(self, **kwargs: Any) -> dict[str, Any]:
+        """model_dump(**kwargs) with credentials redacted: the form to persist, hash, log or show."""
+        return redact(self.model_dump(**kwargs))
 
 
 class SourceConfig(_Strict):
@@ -65,7 +93,7 @@ class DataConfig(_Strict):
         default="truncate", description="Rows over max_length: keep the first max_length tokens, or reject the row."
     )
     max_row_bytes: int = Field(default=8 << 20, gt=0, description="Raw input rows larger than this are rejected unparsed.")
-    chunk_bytes: int = Field(default=16 << 20, gt=0, description="Input bytes per output shard (JSONL; gzip files and Parquet row groups are one shard each).")
+    chunk_bytes: int = Field(default=16 << 20, gt=0, description="Input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one shard).")
     batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
     num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
     cpus_per_actor: float = Field(default=1.0, gt=0, description="Logical CPUs reserved per actor.")
@@ -148,6 +176,9 @@ class TrainConfig(_Strict):
     warmup_ratio: float = Field(default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay.")
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
+    max_nonfinite_steps: int = Field(
+        default=8, gt=0, description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops (checked at each log)."
+    )
     seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
     hidden_states: Literal["online", "offline", "hybrid"] = Field(
         default="online", description="From the service (nothing stored), from the cache only, or cache hit else the service."
@@ -158,6 +189,9 @@ class TrainConfig(_Strict):
     reply_temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows.")
     reply_max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
     reply_max_sequences: int = Field(default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching).")
+    reply_timeout_s: float = Field(
+        default=3600.0, gt=0, description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass fails naming it."
+    )
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
     cpus_per_worker: float = Field(default=1.0, gt=0, description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.")
@@ -169,7 +203,9 @@ class TrainConfig(_Strict):
     )
     log_every: int = Field(default=10, gt=0, description="Steps between metric reductions (one collective and one host sync each), progress lines and metric updates.")
     checkpoint_every: int = Field(default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end).")
-    keep_checkpoints: int = Field(default=2, gt=0, description="Checkpoints kept in storage.")
+    keep_checkpoints: int = Field(
+        default=2, gt=0, description="Checkpoints kept by score (lowest mean training loss of their interval; export takes the best), beside the latest, always kept."
+    )
     max_failures: int = Field(default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails.")
 
 

@@ -42,6 +42,10 @@ PANELS = (
     Panel("train", "Trainer wait for hidden states", "percentunit", f"ray_raypipe_train_wait_fraction{{{RUN}}}", "{{run}}", "Share of a step spent waiting for the service: high means the service should scale up."),
     Panel("train", "Training tokens / s", "tokens/s", f"ray_raypipe_train_tokens_per_s{{{RUN}}}", "{{run}}", "Tokens trained per second, all workers."),
     Panel("train", "Steps / min", "steps/min", f"sum(rate(ray_raypipe_train_steps_total{{{RUN}}}[5m])) * 60", "{{run}}", "Optimizer steps per minute."),
+    Panel(
+        "train", "Skipped non-finite steps", "steps", f"sum(ray_raypipe_train_nonfinite_steps_total{{{RUN}}}) by (run)", "{{run}}",
+        "Steps skipped for a NaN/Inf loss or gradient norm (train.max_nonfinite_steps in a row stop the run).",
+    ),
     Panel("train", "Learning rate", "", f"ray_raypipe_train_lr{{{RUN}}}", "{{run}}", "Warm-up then cosine."),
     Panel("eval", "Acceptance length in vLLM", "tokens", f"ray_raypipe_eval_tau{{{RUN}}}", "{{method}} {{drafter}} T={{temperature}}", "τ measured by vLLM's counters (trained and untrained drafter) and by the offline replay."),
     Panel("eval", "Generation speed with the drafter", "tokens/s", f"ray_raypipe_eval_tokens_per_s{{{RUN}}}", "T={{temperature}}", "vLLM tokens/s with the trained drafter (eval.json has the ratio to no drafter)."),

@@ -1,10 +1,18 @@
 """The whole run as one job: prepare -> hidden-state service -> train -> export -> evaluate.
 
 Each stage records its completion in `{train.output}/pipeline/{stage}.json`
-with a fingerprint of the config it depends on, so a re-submitted job skips
-the stages already done for the same config and resumes the interrupted one
+with a fingerprint of what its output depends on, so a re-submitted job skips
+the stages already done for the same inputs and resumes the interrupted one
 (the data stage skips completed shards, Ray Train restores the run from its
-last checkpoint). A changed config re-runs the stages it affects.
+last checkpoint). Fingerprints come from content and chain stage to stage:
+prepare's covers the data config, the tokenizer, the template's text, each
+input file's size plus ETag or mtime and the raypipe version; train's covers
+the digest of the manifest prepare wrote (every shard's checksum) and the
+train and serve config; export's is train's, and eval's chains on it. A change
+re-runs the stages it affects; where the old output cannot be reused safely,
+the stage refuses with a message instead (a changed input under the same
+data.output, a changed train config under the same run name). Credentials in
+storage_options are redacted before hashing, so rotating one re-runs nothing.
 """
 
 from __future__ import annotations
@@ -15,37 +23,71 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raypipe.config import RaypipeConfig
+from raypipe.config import DataConfig, RaypipeConfig
 from raypipe.storage import Storage, absolute
 
 STAGES = ("prepare", "train", "export", "eval")
 
 
-def fingerprints(cfg: RaypipeConfig) -> dict[str, str]:
-    """Per stage, a hash of the settings its output depends on (parallelism included: it is cheap to resume)."""
-    def digest(doc: Any) -> str:
-        return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def _digest(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    trained = digest(cfg.model_dump(exclude={"eval"}))
-    return {"prepare": cfg.data.output_hash(), "train": trained, "export": trained, "eval": digest(cfg.model_dump())}
+
+def prepare_fingerprint(cfg: DataConfig) -> str:
+    """The data config (redacted; data.output and parallelism included: a resume is cheap) and what the rows depend on."""
+    from raypipe.data.output import dependencies
+    from raypipe.data.tokenizer import resolve_tokenizer
+
+    _, spec = resolve_tokenizer(cfg)
+    return _digest({"data": cfg.public_dump(), "dependencies": dependencies(cfg, spec)})
+
+
+def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
+    """The prepared data by content (the manifest's digest covers every shard's checksum) and the config but data and eval (redacted)."""
+    return _digest({"manifest_sha256": manifest_sha256, "config": cfg.public_dump(exclude={"data", "eval"})})
+
+
+def eval_fingerprint(cfg: RaypipeConfig, trained: str) -> str:
+    """The trained (and exported) drafter's fingerprint and the eval config."""
+    return _digest({"train": trained, "eval": cfg.eval.public_dump()})
 
 
 class StageLog:
     """Completion records of the stages of one run."""
 
     def __init__(self, cfg: RaypipeConfig) -> None:
+        self.cfg = cfg
         self.storage = Storage(absolute(f"{cfg.train.output}/pipeline"), cfg.train.storage_options)
-        self.fingerprints = fingerprints(cfg)
+        self._fingerprints: dict[str, str] = {}
+
+    def fingerprint(self, stage: str) -> str:
+        """Computed when first asked, in stage order: train's hashes the manifest the prepare stage wrote."""
+        if stage not in self._fingerprints:
+            from raypipe.data.output import PreparedOutput
+
+            cfg = self.cfg
+            if stage == "prepare":
+                fingerprint = prepare_fingerprint(cfg.data)
+            elif stage == "train":
+                manifest = PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options).manifest_bytes()
+                fingerprint = train_fingerprint(cfg, hashlib.sha256(manifest).hexdigest())
+            elif stage == "export":
+                fingerprint = self.fingerprint("train")
+            else:
+                fingerprint = eval_fingerprint(cfg, self.fingerprint("export"))
+            self._fingerprints[stage] = fingerprint
+        return self._fingerprints[stage]
 
     def done(self, stage: str) -> dict[str, Any] | None:
-        """The stage's record if it finished with the current config."""
+        """The stage's record if it finished with what it depends on now."""
+        self.storage.refresh()
         if not self.storage.exists(f"{stage}.json"):
             return None
         record = self.storage.read_json(f"{stage}.json")
-        return record if record["fingerprint"] == self.fingerprints[stage] else None
+        return record if record["fingerprint"] == self.fingerprint(stage) else None
 
     def mark(self, stage: str, seconds: float, summary: dict[str, Any]) -> None:
-        self.storage.write_json(f"{stage}.json", {"stage": stage, "fingerprint": self.fingerprints[stage], "seconds": seconds, "summary": summary})
+        self.storage.write_json(f"{stage}.json", {"stage": stage, "fingerprint": self.fingerprint(stage), "seconds": seconds, "summary": summary})
 
 
 def _train(cfg: RaypipeConfig) -> dict[str, Any]:

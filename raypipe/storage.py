@@ -14,6 +14,25 @@ from typing import Any
 from fsspec.core import url_to_fs
 
 
+def file_identity(fs: Any, path: str) -> dict[str, Any]:
+    """Size plus ETag (object stores) or modification time (local files): shows a changed file without reading it.
+
+    The cached listing is dropped first, so a file changed by another process since is seen as changed.
+    """
+    fs.invalidate_cache(path)
+    info = fs.info(path)
+    etag = info.get("ETag") or info.get("etag")
+    if etag:
+        return {"size": info["size"], "etag": str(etag).strip('"')}
+    if info.get("mtime") is None:
+        raise ValueError(
+            f"{path}: its filesystem ({type(fs).__name__}) reports neither an ETag nor a modification time, so a change to it "
+            "cannot be seen; copy the inputs to a local path or an object store"
+        )
+    mtime = info["mtime"]
+    return {"size": info["size"], "mtime": mtime if isinstance(mtime, (int, float)) else str(mtime)}
+
+
 def absolute(url: str) -> str:
     """Local paths made absolute (Ray Train runs each worker in its own working directory); URLs unchanged."""
     return url if "://" in url else str(Path(url).resolve())
@@ -30,6 +49,15 @@ class Storage:
 
     def child(self, rel: str) -> Storage:
         return Storage(f"{self.url}/{rel}", self.storage_options)
+
+    def refresh(self) -> None:
+        """Forget the filesystem's cached listings before a check that other processes' writes must not escape.
+
+        s3fs caches listings per instance and fsspec shares one instance per process and options, so a listing taken
+        before another process wrote here would hide its files (s3fs' invalidate_cache(path) drops only the path and
+        its parents, not the folders below it: the whole cache goes).
+        """
+        self.fs.invalidate_cache()
 
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))

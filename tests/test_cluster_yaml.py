@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -68,3 +69,23 @@ def test_the_image_is_pinned_and_the_nodes_install_raypipe(layout: str) -> None:
     assert not any("uninstall" in c for c in CLUSTER["setup_commands"])  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6
     assert all("--metrics-export-port" in c for c in CLUSTER["head_start_ray_commands"][1:] + CLUSTER["worker_start_ray_commands"][1:])
     assert CLUSTER["idle_timeout_minutes"] > 0
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_token_auth_on_every_node_and_the_dashboard_on_loopback(layout: str) -> None:
+    """Whoever reaches the dashboard can submit jobs: every `ray start` requires Ray's token, read from a file that
+    file_mounts copy from the operator's machine (never in the YAML), and the dashboard listens on loopback only
+    (`ray dashboard` tunnels to it over SSH)."""
+    cluster, text = LAYOUTS[layout], (ROOT / layout).read_text()
+    starts = [c for c in cluster["head_start_ray_commands"] + cluster["worker_start_ray_commands"] if "ray start" in c]
+    assert len(starts) == 2
+    for command in starts:
+        env = dict(re.findall(r"\b(RAY_AUTH_[A-Z_]+)=(\S+)", command))
+        assert env.get("RAY_AUTH_MODE") == "token", command
+        assert "RAY_AUTH_TOKEN" not in env  # the token itself never on a command line
+        assert cluster["file_mounts"][env["RAY_AUTH_TOKEN_PATH"]] == "~/.ray/auth_token"  # what `ray get-auth-token --generate` writes
+    [head] = [c for c in starts if "--head" in c]
+    assert re.findall(r"--dashboard-host[= ](\S+)", head) == ["127.0.0.1"]
+    assert "RAY_AUTH_MODE=disabled" not in text and "0.0.0.0" not in text
+    assert "RAY_AUTH_MODE=token ray job submit" in text  # the documented client sends the token
+    assert not re.search(r"\b[0-9a-fA-F]{32,}\b", text), "a literal token in the cluster config"

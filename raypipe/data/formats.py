@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 FORMATS = ("openai", "sharegpt", "alpaca")
@@ -34,6 +34,7 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     id: str | None
+    context_only: frozenset[int] = field(default_factory=frozenset)  # assistant turns with weight 0: rendered, never supervised
 
 
 def _bad(code: str, reason: str) -> Reject:
@@ -96,9 +97,21 @@ def _turns(record: dict[str, Any], key: str) -> Iterator[tuple[str, dict[str, An
         yield f"{key}[{i}]", turn
 
 
-def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
-    out = []
-    for where, msg in _turns(record, "messages"):
+def _weightless(where: str, msg: dict[str, Any]) -> bool:
+    """OpenAI's per-turn `weight`: absent or 1 trains on the turn, 0 keeps it as context only."""
+    if "weight" not in msg:
+        return False
+    weight = msg["weight"]
+    if msg.get("role") != "assistant" or type(weight) not in (int, float) or weight not in (0, 1):
+        raise _bad("bad_weight", f"{where} weight must be 0 or 1 on an assistant turn, got {weight!r:.40} on {msg.get('role')!r:.40}")
+    return weight == 0
+
+
+def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, frozenset[int]]:
+    out, context_only = [], set()
+    for i, (where, msg) in enumerate(_turns(record, "messages")):
+        if _weightless(where, msg):
+            context_only.add(i)
         role = msg.get("role")
         if role not in ROLES:
             raise _bad("unknown_role", f"{where} role {role!r} is not one of {', '.join(ROLES)}")
@@ -121,15 +134,16 @@ def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any]:
                 raise _bad("bad_tool_call", f"{where} tool_call_id must be a string")
             norm["tool_call_id"] = msg["tool_call_id"]
         out.append(norm)
-    return out, record.get("tools")
+    return out, record.get("tools"), frozenset(context_only)
 
 
 def _sharegpt(record: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for where, turn in _turns(record, "conversations"):
-        role = SHAREGPT_ROLES.get(turn.get("from"))  # type: ignore[arg-type]
+        speaker = turn.get("from")
+        role = SHAREGPT_ROLES.get(speaker) if isinstance(speaker, str) else None
         if role is None:
-            raise _bad("unknown_role", f"{where} from {turn.get('from')!r} is not one of {', '.join(SHAREGPT_ROLES)}")
+            raise _bad("unknown_role", f"{where} from {speaker!r:.60} is not one of {', '.join(SHAREGPT_ROLES)}")
         if "value" not in turn:
             raise _bad("missing_content", f"{where} has no value")
         out.append({"role": role, "content": _text(turn["value"], where)})
@@ -139,7 +153,9 @@ def _sharegpt(record: dict[str, Any]) -> list[dict[str, Any]]:
 def _alpaca(record: dict[str, Any]) -> list[dict[str, Any]]:
     instruction = record["instruction"]
     extra, output = record.get("input"), record.get("output")
-    for key, value in (("instruction", instruction), ("input", extra), ("output", output)):
+    if not isinstance(instruction, str):
+        raise _bad("bad_content", f"instruction must be a string, got {type(instruction).__name__}")
+    for key, value in (("input", extra), ("output", output)):
         if value is not None and not isinstance(value, str):
             raise _bad("bad_content", f"{key} must be a string, got {type(value).__name__}")
     if not instruction.strip():
@@ -158,9 +174,9 @@ def normalize(record: Any, declared: str = "auto") -> Conversation:
     fmt = detect_format(record)
     if declared != "auto" and fmt != declared:
         raise _bad("format_mismatch", f"source is declared {declared} but the row looks like {fmt}")
-    tools = None
+    tools, context_only = None, frozenset[int]()
     if fmt == "openai":
-        messages, tools = _openai(record)
+        messages, tools, context_only = _openai(record)
     elif fmt == "sharegpt":
         messages = _sharegpt(record)
     else:
@@ -171,5 +187,17 @@ def normalize(record: Any, declared: str = "auto") -> Conversation:
         raise _bad("no_messages", "conversation has no messages")
     if not any(m["role"] in ("user", "assistant") for m in messages):
         raise _bad("no_dialogue", "conversation has no user or assistant message (system/tool only)")
-    raw_id = record.get("id")
-    return Conversation(messages, tools or None, str(raw_id) if isinstance(raw_id, (str, int)) and raw_id != "" else None)
+    return Conversation(messages, tools or None, _id(record.get("id")), context_only)
+
+
+def _id(raw_id: Any) -> str | None:
+    """The row's own id (a string or an integer), which must be writable as UTF-8."""
+    if isinstance(raw_id, int):
+        return str(raw_id)
+    if not isinstance(raw_id, str) or raw_id == "":
+        return None
+    try:
+        raw_id.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise _bad("bad_id", f"id holds {raw_id[err.start]!r}, a lone UTF-16 surrogate, which is not text") from None
+    return raw_id

@@ -1,7 +1,7 @@
 """The prepared dataset on disk (any fsspec URL): shards, rejects, plan, manifest.
 
 Layout under `data.output`:
-  plan.json                  config/tokenizer hashes and the chunk list; a re-run must match it
+  plan.json                  what the rows depend on (see `dependencies`) and the chunk list; a re-run must match it
   tokenizer/                 the exact tokenizer and template used
   data/part-NNNNNN.parquet   prepared rows of chunk NNNNNN
   rejects/part-NNNNNN.jsonl  rejected rows of that chunk, with reasons and the raw row
@@ -10,6 +10,11 @@ Layout under `data.output`:
 
 Every file is written under a temporary name and renamed, so a killed run
 leaves complete shards or none, and a re-run skips the complete ones.
+
+A re-run whose rows would depend on anything else (the data config, the
+tokenizer, the template's text, an input file's size and ETag or mtime, the
+raypipe version) is refused with a message, never re-planned over the old
+shards: the fix is a new `data.output`, or deleting the old one.
 """
 
 from __future__ import annotations
@@ -23,38 +28,69 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
+import raypipe
 from raypipe import __version__
 from raypipe.data.prepare import HISTOGRAM_EDGES, ShardResult
-from raypipe.data.sources import Chunk
-from raypipe.storage import Storage
+from raypipe.data.sources import Chunk, filesystem, list_files
+from raypipe.storage import Storage, file_identity
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from raypipe.config import DataConfig
+    from raypipe.data.tokenizer import TokenizerSpec
+
 COUNT_KEYS = ("rows_in", "blank_lines", "split_extra", "rows_kept", "rows_rejected", "needs_response", "truncated", "tokens_tokenized", "tokens", "loss_tokens")
+
+
+# What a differing plan.json key means, for the refusal message.
+_PLAN_KEYS = {
+    "raypipe_version": "raypipe version", "config_hash": "config", "tokenizer_hash": "tokenizer or chat template",
+    "template_hash": "tokenizer or chat template", "inputs": "input files", "chunks": "input files",
+}
 
 
 def shard_name(index: int) -> str:
     return f"part-{index:06d}"
 
 
+def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
+    """What the prepared rows depend on: raypipe's version, the data config, the tokenizer and the template's text
+    (not its name: a template edited in place counts), and each input file's size plus ETag or mtime."""
+    for source in cfg.sources:
+        filesystem(source.path, cfg.storage_options)[0].invalidate_cache()  # files added or changed since a listing in this process
+    files = [url for source in cfg.sources for url in list_files(source, cfg.storage_options)]
+    return {
+        "raypipe_version": raypipe.__version__,
+        "config_hash": cfg.output_hash(),
+        "tokenizer_hash": spec.digest(),
+        "template_hash": spec.template_digest(),
+        "inputs": {url: file_identity(*filesystem(url, cfg.storage_options)) for url in files},
+    }
+
+
 class PreparedOutput(Storage):
-    def read_manifest(self) -> dict[str, Any]:
-        """The finished dataset's manifest; a clear error when the data stage has not completed."""
+    def manifest_bytes(self) -> bytes:
+        """manifest.json as written (its sha256 is what training chains on); a clear error when the data stage has not completed."""
+        self.refresh()  # written by another process since this one listed here
         if not self.exists("manifest.json"):
             raise ValueError(f"{self.url} has no manifest.json: the data stage has not completed there; run `raypipe prepare` with this data.output first")
-        return self.read_json("manifest.json")
+        return self.read("manifest.json")
 
-    def start(self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, tok: PreTrainedTokenizerBase) -> None:
-        """Record the plan, or check that an existing output was made by the same one."""
-        doc = {"config_hash": config_hash, "tokenizer_hash": tokenizer_hash, "chunks": [c.to_dict() for c in plan]}
+    def read_manifest(self) -> dict[str, Any]:
+        """The finished dataset's manifest; a clear error when the data stage has not completed."""
+        return json.loads(self.manifest_bytes())
+
+    def start(self, doc: dict[str, Any], tok: PreTrainedTokenizerBase) -> None:
+        """Record the plan (`dependencies` plus the chunks), or check that an existing output was made by the same one."""
+        self.refresh()  # a killed run's files were written by other processes
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
             if old != doc:
-                what = "config" if old["config_hash"] != config_hash else "tokenizer/template" if old["tokenizer_hash"] != tokenizer_hash else "input files"
+                what = dict.fromkeys(_PLAN_KEYS.get(k, k) for k in sorted(old.keys() | doc.keys()) if old.get(k) != doc.get(k))
                 raise ValueError(
-                    f"data.output {self.url} holds a run with a different {what}; "
-                    "set a new data.output or delete the old one to start over"
+                    f"data.output {self.url} holds a run made with a different {', '.join(what)} (see its plan.json): its shards must not "
+                    f"mix with new ones; set a new data.output, or delete {self.url} to start over"
                 )
             for leftover in self.fs.glob(self.path("**", "*.tmp-*")):  # from a killed run; one run per output at a time
                 self.fs.rm(leftover)
@@ -80,10 +116,15 @@ class PreparedOutput(Storage):
         self.write(f"stats/{name}.json", _dumps(stats))
         return stats
 
-    def write_manifest(self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, template_hash: str, end_of_turn: dict[str, Any]) -> dict[str, Any]:
+    def write_manifest(
+        self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, template_hash: str, end_of_turn: dict[str, Any], unmatched: list[str]
+    ) -> dict[str, Any]:
+        """Totals over every shard; files that could not be read and files not matched are named, not only counted."""
         shards = [self.read_json(f"stats/{shard_name(c.index)}.json") for c in plan]
         totals = {k: sum(s[k] for s in shards) for k in COUNT_KEYS}
         assert totals["rows_in"] + totals["split_extra"] == totals["rows_kept"] + totals["rows_rejected"], "row accounting broke"
+        unreadable = {f["file"]: f["reason"] for s in shards for f in s["files_rejected"]}
+        totals["files_rejected"], totals["files_unmatched"] = len(unreadable), len(unmatched)
         rejects: dict[str, int] = {}
         for s in shards:
             for code, n in s["rejects_by_code"].items():
@@ -96,6 +137,8 @@ class PreparedOutput(Storage):
             "end_of_turn": end_of_turn,  # where on-policy replies stop
             "counts": totals,
             "rejects_by_code": dict(sorted(rejects.items())),
+            "files_rejected": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],  # unreadable; see rejects/ for the rows read before
+            "files_unmatched": unmatched,  # present under a source's path but not read: another suffix
             "token_histogram": {
                 "upper_edges": [*HISTOGRAM_EDGES, None],
                 "rows": [sum(s["histogram"][i] for s in shards) for i in range(len(HISTOGRAM_EDGES) + 1)],

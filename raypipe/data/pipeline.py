@@ -19,9 +19,9 @@ from ray.data import ActorPoolStrategy
 from ray.util.metrics import Counter
 
 from raypipe.config import DataConfig
-from raypipe.data.output import PreparedOutput
+from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.prepare import ShardPreparer
-from raypipe.data.sources import Chunk, plan_chunks
+from raypipe.data.sources import Chunk, plan_chunks, unmatched_files
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer
 
 
@@ -55,15 +55,22 @@ class _PrepareActor:
 def run_prepare(cfg: DataConfig) -> dict[str, Any]:
     """Prepare every source into `cfg.output`; resumes a partial run. Returns the manifest."""
     tok, spec = resolve_tokenizer(cfg)
+    deps = dependencies(cfg, spec)  # before planning: it drops cached listings of the inputs
     plan = plan_chunks(cfg.sources, cfg.storage_options, cfg.chunk_bytes)
+    unmatched = unmatched_files(cfg.sources, cfg.storage_options)
+    if unmatched:
+        shown = ", ".join(unmatched[:20]) + (f" and {len(unmatched) - 20} more" if len(unmatched) > 20 else "")
+        print(f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}", flush=True)
     output = PreparedOutput(cfg.output, cfg.storage_options)
-    config_hash, tokenizer_hash = cfg.output_hash(), spec.digest()  # the digest hashes the whole tokenizer: once
-    output.start(plan, config_hash, tokenizer_hash, tok)
+    config_hash, tokenizer_hash = deps["config_hash"], deps["tokenizer_hash"]
+    output.start({**deps, "chunks": [c.to_dict() for c in plan]}, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
     print(f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True)
     if todo:
         _run_actors(cfg, spec, todo)
-    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest(), {"token": spec.end_of_turn, "id": spec.end_of_turn_id})
+    output.refresh()  # the actors wrote stats/ from other processes: a listing cached here would hide their files
+    end_of_turn = {"token": spec.end_of_turn, "id": spec.end_of_turn_id}
+    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest(), end_of_turn, unmatched)
     c = manifest["counts"]
     print(
         f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected {c['rows_rejected']}; "

@@ -9,6 +9,24 @@ Accounting: every non-blank input row becomes one candidate row, or several
 when a history-rewriting template forces per-turn rows (`split_extra`);
 `rows_in + split_extra == rows_kept + rows_rejected` always holds, and every
 rejected candidate has a reject record.
+
+Nothing in one row can fail the shard: any exception while parsing,
+normalizing or rendering it becomes a reject with a stable code
+(`too_deep`, `int_too_large`, else `internal_error` naming the exception),
+and a batched tokenizer call that fails is redone row by row, the rows that
+still fail rejected. A file that cannot be read adds a file-level reject
+record (`"level": "file"`, code `unreadable_file`, the file and the error)
+and counts in `files_rejected`, not in the row counts; rows read before the
+error count as usual. Raw rows in reject records are cut to their first
+4 KiB (`raw_truncated`, `raw_bytes`): file and position find the whole row.
+
+A per-turn row (history-rewriting templates) whose prompt alone reaches
+`max_length` tokens cannot keep a supervised token, so it is rejected before
+tokenizing, with the code the length policy would give. Its prompt is
+counted piece by piece between special tokens, which the tokenizer splits
+on before anything else, so the count is exact and each message's text is
+tokenized once per input row: the turns of a long conversation no longer
+cost the square of its length.
 """
 
 from __future__ import annotations
@@ -16,6 +34,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
@@ -28,7 +47,7 @@ from tokenizers import Tokenizer
 from raypipe.config import DataConfig
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.render import ChatRenderer, Segmented
-from raypipe.data.sources import Chunk, read_chunk
+from raypipe.data.sources import Chunk, Oversized, UnreadableFile, read_chunk
 from raypipe.data.tokenizer import TokenizerSpec
 
 PREPARED_SCHEMA = pa.schema(
@@ -45,6 +64,8 @@ PREPARED_SCHEMA = pa.schema(
 )
 # Upper bucket edges of the token-length histogram in the manifest.
 HISTOGRAM_EDGES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+RAW_BYTES = 4096  # bytes of a raw row kept in its reject record
+Raw = bytes | Oversized | dict[str, Any]
 
 
 @dataclass
@@ -58,7 +79,7 @@ class ShardResult:
 class _Pending:
     sample_id: str
     position: int
-    raw: bytes | dict[str, Any]
+    raw: Raw
     rows: list[Segmented]
 
 
@@ -74,6 +95,7 @@ class _Counts:
     loss_tokens: int = 0
     truncated: int = 0
     rejects: Counter = field(default_factory=Counter)
+    files_rejected: list[dict[str, str]] = field(default_factory=list)
     histogram: list[int] = field(default_factory=lambda: [0] * (len(HISTOGRAM_EDGES) + 1))
 
 
@@ -103,6 +125,26 @@ def fit_length(mask: np.ndarray, prompt_len: int, needs_response: bool, max_leng
     return max_length, prompt_len
 
 
+def prompt_reject(prompt_tokens: int, needs_response: bool, max_length: int, policy: str) -> Reject:
+    """What `fit_length` decides for a row whose prompt alone has `prompt_tokens` >= max_length (at least; counting stopped there)."""
+    if policy == "reject":
+        return Reject("length", "too_long", f"the prompt alone has {prompt_tokens}+ tokens > data.max_length {max_length} (data.overlength=reject)")
+    if needs_response:
+        return Reject("length", "prompt_too_long", f"prompt has {prompt_tokens}+ tokens, data.max_length {max_length} leaves no room for the reply")
+    return Reject("length", "no_loss_in_window", f"the prompt alone has {prompt_tokens}+ tokens: no supervised token within the first {max_length}")
+
+
+def as_reject(stage: str, err: Exception) -> Reject:
+    """Any failure on one row, as a reject with a stable code."""
+    if isinstance(err, Reject):
+        return err
+    if isinstance(err, RecursionError):
+        return Reject(stage, "too_deep", "nested deeper than Python's recursion limit allows")
+    if isinstance(err, ValueError) and "integer string conversion" in str(err):
+        return Reject(stage, "int_too_large", f"an integer with more digits than Python converts: {err}")
+    return Reject(stage, "internal_error", f"{type(err).__name__}: {err}")
+
+
 def fallback_id(url: str, position: int) -> str:
     """Stable id for rows without one: the file and the row's position in it."""
     return hashlib.sha1(f"{url}:{position}".encode()).hexdigest()[:20]
@@ -115,42 +157,84 @@ class ShardPreparer:
         self.cfg = cfg
         self.backend = Tokenizer.from_str(spec.tokenizer_json)
         self.renderer = ChatRenderer(spec.chat_template, spec.template_kwargs, spec.end_of_turn, cfg.placeholder_reply, list(spec.reserved))
+        self.splits = _special_splitter(spec.tokenizer_json)
 
     def prepare(self, chunk: Chunk) -> ShardResult:
         counts = _Counts()
         rejects: list[dict[str, Any]] = []
         batches: list[pa.RecordBatch] = []
         pending: list[_Pending] = []
-        for position, raw in read_chunk(chunk, self.cfg.storage_options):
-            if isinstance(raw, bytes) and not raw.strip():
-                counts.blank_lines += 1
-                continue
-            counts.rows_in += 1
-            sample_id = fallback_id(chunk.url, position)
-            try:
-                record = self._parse(raw)
-                conv = normalize(record, chunk.format)
-                sample_id = conv.id or sample_id
-                rows = self.renderer.segment(conv)
-            except Reject as rej:
-                rejects.append(_reject_record(chunk, sample_id, position, raw, rej))
-                counts.rejects[rej.code] += 1
-                continue
-            counts.split_extra += len(rows) - 1
-            pending.append(_Pending(sample_id, position, raw, rows))
-            if len(pending) >= self.cfg.batch_rows:
-                batches.append(self._tokenize(chunk, pending, counts, rejects))
-                pending = []
+        try:
+            for position, raw in read_chunk(chunk, self.cfg.storage_options, self.cfg.max_row_bytes):
+                if isinstance(raw, bytes) and not raw.strip():
+                    counts.blank_lines += 1
+                    continue
+                counts.rows_in += 1
+                sample_id, stage = fallback_id(chunk.url, position), "parse"
+                try:
+                    record = self._parse(raw)
+                    stage = "normalize"
+                    conv = normalize(record, chunk.format)
+                    sample_id = conv.id or sample_id
+                    stage = "render"
+                    rows = self.renderer.segment(conv)
+                except Exception as err:  # noqa: BLE001 - one row never fails the shard: every failure is a reject
+                    _add_reject(chunk, sample_id, position, raw, as_reject(stage, err), counts, rejects)
+                    continue
+                counts.split_extra += len(rows) - 1
+                rows = self._drop_unfit_turns(chunk, sample_id, position, raw, rows, counts, rejects)
+                if rows:
+                    pending.append(_Pending(sample_id, position, raw, rows))
+                if len(pending) >= self.cfg.batch_rows:
+                    batches.append(self._tokenize(chunk, pending, counts, rejects))
+                    pending = []
+        except UnreadableFile as err:
+            counts.files_rejected.append({"file": err.url, "reason": err.reason})
+            rejects.append(
+                {"level": "file", "source": chunk.source, "file": err.url, "stage": "read", "code": "unreadable_file",
+                 "reason": f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are counted as usual"}
+            )
         if pending:
             batches.append(self._tokenize(chunk, pending, counts, rejects))
         table = pa.Table.from_batches(batches, schema=PREPARED_SCHEMA)
-        return ShardResult(table, rejects, _stats(chunk, counts, len(rejects)))
+        return ShardResult(table, rejects, _stats(chunk, counts, len(rejects) - len(counts.files_rejected)))
 
-    def _parse(self, raw: bytes | dict[str, Any]) -> Any:
+    def _drop_unfit_turns(
+        self, chunk: Chunk, sample_id: str, position: int, raw: Raw, rows: list[Segmented], counts: _Counts, rejects: list[dict[str, Any]]
+    ) -> list[Segmented]:
+        """Per-turn rows whose prompt alone reaches max_length, rejected before they are tokenized."""
+        if rows[0].turn is None:
+            return rows
+        known: dict[str, int] = {}  # text between special tokens -> tokens, shared by the turns of this row
+        kept = []
+        for seg in rows:
+            n = self._prompt_tokens(seg, known)
+            if n < self.cfg.max_length:
+                kept.append(seg)
+            else:
+                rej = prompt_reject(n, seg.needs_response, self.cfg.max_length, self.cfg.overlength)
+                _add_reject(chunk, f"{sample_id}#{seg.turn}", position, raw, rej, counts, rejects)
+        return kept
+
+    def _prompt_tokens(self, seg: Segmented, known: dict[str, int]) -> int:
+        """Tokens of the row's prompt, exact, or a count that already reached max_length when it stopped."""
+        total = 0
+        for text, _ in seg.pieces[: seg.prompt_pieces]:
+            for part in self.splits.split(text):
+                if part:
+                    if part not in known:
+                        known[part] = len(self.backend.encode(part, add_special_tokens=False).ids)
+                    total += known[part]
+                    if total >= self.cfg.max_length:
+                        return total
+        return total
+
+    def _parse(self, raw: Raw) -> Any:
         if isinstance(raw, dict):
             return raw
-        if len(raw) > self.cfg.max_row_bytes:
-            raise Reject("read", "oversized_row", f"row has {len(raw)} bytes > data.max_row_bytes {self.cfg.max_row_bytes}")
+        if isinstance(raw, Oversized) or len(raw) > self.cfg.max_row_bytes:
+            size = raw.size if isinstance(raw, Oversized) else len(raw)
+            raise Reject("read", "oversized_row", f"row has {size} bytes > data.max_row_bytes {self.cfg.max_row_bytes}")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as err:
@@ -160,11 +244,31 @@ class ShardPreparer:
         except json.JSONDecodeError as err:
             raise Reject("parse", "invalid_json", f"malformed JSON: {err.msg} at column {err.colno}") from None
 
+    def _encode(self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]) -> tuple[list[_Pending], list[list[int]]]:
+        """(rows the tokenizer took, ids of their pieces): one batched call, or row by row when it fails."""
+        texts = [text for p in pending for seg in p.rows for text, _ in seg.pieces]
+        try:
+            return pending, [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+        except Exception:  # noqa: BLE001 - one bad text fails the whole call; find it row by row
+            pass
+        kept, id_lists = [], []
+        for p in pending:
+            texts = [text for seg in p.rows for text, _ in seg.pieces]
+            try:
+                id_lists.extend(e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False))
+            except Exception as err:  # noqa: BLE001 - the row is rejected with the tokenizer's reason
+                rej = _tokenizer_reject(texts, err)
+                for seg in p.rows:
+                    _add_reject(chunk, p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}", p.position, p.raw, rej, counts, rejects)
+                continue
+            kept.append(p)
+        return kept, id_lists
+
     def _tokenize(self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]) -> pa.RecordBatch:
         """One batched tokenizer call for every piece of every row, then numpy assembly."""
+        pending, id_lists = self._encode(chunk, pending, counts, rejects)
         rows = [(p, seg) for p in pending for seg in p.rows]
         texts = [text for _, seg in rows for text, _ in seg.pieces]
-        id_lists = [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
         supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=len(texts))
@@ -183,8 +287,7 @@ class ShardPreparer:
             try:
                 n, prompt_len = fit_length(mask[a:b], prompt_len, seg.needs_response, self.cfg.max_length, self.cfg.overlength)
             except Reject as rej:
-                rejects.append(_reject_record(chunk, row_id, p.position, p.raw, rej))
-                counts.rejects[rej.code] += 1
+                _add_reject(chunk, row_id, p.position, p.raw, rej, counts, rejects)
                 continue
             counts.truncated += n < b - a
             row_mask = mask[a : a + n]
@@ -213,24 +316,61 @@ class ShardPreparer:
         return pa.RecordBatch.from_arrays([arrays[f.name] for f in PREPARED_SCHEMA], schema=PREPARED_SCHEMA)
 
 
-def _reject_record(chunk: Chunk, sample_id: str, position: int, raw: bytes | dict[str, Any], rej: Reject) -> dict[str, Any]:
-    """Everything needed to find, understand and recover the row: no data is lost."""
+def _special_splitter(tokenizer_json: str) -> re.Pattern[str]:
+    """Splits text at the added tokens the tokenizer itself splits on first (verbatim ones), keeping them as parts.
+
+    Text between two such tokens is tokenized on its own, so a text's token count is the sum of its parts'.
+    """
+    added = json.loads(tokenizer_json).get("added_tokens") or []
+    verbatim = [t["content"] for t in added if not (t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"))]
+    return re.compile("(" + ("|".join(map(re.escape, sorted(verbatim, key=len, reverse=True))) or "(?!)") + ")")
+
+
+def _tokenizer_reject(texts: list[str], err: Exception) -> Reject:
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as bad:
+            return Reject("tokenize", "lone_surrogate", f"text holds {text[bad.start]!r}, a lone UTF-16 surrogate (an escape like \\ud800 in the JSON)")
+    return Reject("tokenize", "tokenizer_error", f"the tokenizer refused the row: {type(err).__name__}: {err}")
+
+
+def _add_reject(chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject, counts: _Counts, rejects: list[dict[str, Any]]) -> None:
+    rejects.append(_reject_record(chunk, sample_id, position, raw, rej))
+    counts.rejects[rej.code] += 1
+
+
+def _safe(text: str) -> str:
+    """`text` writable as UTF-8: lone surrogates become backslash escapes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _reject_record(chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject) -> dict[str, Any]:
+    """Everything needed to find, understand and recover the row: file and position, and its first bytes."""
     record: dict[str, Any] = {
-        "sample_id": sample_id,
+        "sample_id": _safe(sample_id),
         "source": chunk.source,
         "file": chunk.url,
         "position": position,
         "stage": rej.stage,
         "code": rej.code,
-        "reason": rej.reason,
+        "reason": _safe(rej.reason),
     }
-    if isinstance(raw, dict):
-        record["raw"] = json.dumps(raw, ensure_ascii=False, default=str)
+    if isinstance(raw, Oversized):
+        data, size = raw.head, raw.size
     else:
-        try:
-            record["raw"] = raw.decode("utf-8").rstrip("\n")
-        except UnicodeDecodeError:
-            record["raw_base64"] = base64.b64encode(raw).decode()
+        data = json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace") if isinstance(raw, dict) else raw
+        size = len(data)
+    head = data[:RAW_BYTES]
+    if size > len(head):
+        record["raw_truncated"], record["raw_bytes"] = True, size
+    try:
+        record["raw"] = head.decode("utf-8").rstrip("\n")
+    except UnicodeDecodeError as err:
+        if size > len(head) and err.reason == "unexpected end of data":  # the cut split a character
+            record["raw"] = head[: err.start].decode("utf-8")
+        else:
+            record["raw_base64"] = base64.b64encode(head).decode()
     return record
 
 
@@ -244,6 +384,7 @@ def _stats(chunk: Chunk, counts: _Counts, n_rejected: int) -> dict[str, Any]:
         "split_extra": counts.split_extra,
         "rows_kept": counts.rows_kept,
         "rows_rejected": n_rejected,
+        "files_rejected": counts.files_rejected,
         "needs_response": counts.needs_response,
         "truncated": counts.truncated,
         "tokens_tokenized": counts.tokens_tokenized,

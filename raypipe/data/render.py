@@ -11,7 +11,15 @@ written (the result equals transformers' `return_assistant_tokens_mask`).
 When the full render does not extend every turn's own render (a template
 that rewrites history, e.g. Qwen3 dropping earlier reasoning), "render once"
 would train on text the engine never sees; such samples fall back to one row
-per assistant turn.
+per supervised assistant turn.
+
+Every string that reaches the template is screened for the tokenizer's
+special tokens (content, reasoning, tool names, call ids, every key and value
+of tool-call arguments and of the tools schemas): one spelled out in data
+would become a real control token, e.g. end the supervised turn early or
+forge a system turn. After rendering, each supervised span must hold exactly
+one end-of-turn token, its last. Assistant turns with OpenAI's `weight: 0`
+are rendered as context and never supervised.
 
 The output is a list of pieces (text, supervised) per row: tokenizing each
 piece separately keeps BPE from merging a token across a mask boundary.
@@ -26,6 +34,7 @@ per row that would only confirm it is not spent.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,17 +112,25 @@ class ChatRenderer:
             raise Reject("render", "template_error", f"template failed: {type(err).__name__}: {err}") from None
         return texts[0], indices[0] if markers else []
 
-    def _check_reserved(self, messages: list[dict[str, Any]]) -> None:
-        for i, msg in enumerate(messages):
+    def _refuse_specials(self, value: Any, code: str, where: str) -> None:
+        for text in _strings(value):
+            found = self.reserved.search(text)
+            if found:
+                raise Reject("normalize", code, f"{where} contains the special token {found.group()}")
+
+    def _check_reserved(self, conv: Conversation) -> None:
+        """No string the template renders may spell a special token."""
+        for i, msg in enumerate(conv.messages):
             for key in ("content", "reasoning_content"):
-                found = self.reserved.search(msg.get(key) or "")
-                if found:
-                    raise Reject("normalize", "special_token_in_content", f"messages[{i}].{key} contains the special token {found.group()}")
+                self._refuse_specials(msg.get(key), "special_token_in_content", f"messages[{i}].{key}")
+            for key in ("tool_calls", "tool_call_id"):
+                self._refuse_specials(msg.get(key), "special_token_in_tool_call", f"messages[{i}].{key}")
+        self._refuse_specials(conv.tools, "special_token_in_tools", "tools")
 
     def segment(self, conv: Conversation) -> list[Segmented]:
         """Conversation -> rows of pieces; raises Reject with the reason."""
         messages = list(conv.messages)
-        self._check_reserved(messages)
+        self._check_reserved(conv)
         needs_response = messages[-1]["role"] != "assistant"
         if needs_response and self.placeholder_tail and not any(m["role"] == "assistant" for m in messages):
             prompt, _ = self._render(messages, conv.tools, True)
@@ -121,14 +138,16 @@ class ChatRenderer:
         if needs_response:
             messages.append({"role": "assistant", "content": self.placeholder})
         if self.has_markers:
-            return [self._segment_markers(messages, conv.tools, needs_response)]
+            return [self._segment_markers(messages, conv.tools, needs_response, conv.context_only)]
         full, _ = self._render(messages, conv.tools, False)
-        turns = self._turns(messages, conv.tools, full, needs_response)
+        turns = self._turns(messages, conv.tools, full, needs_response, conv.context_only)
         if all(full.startswith(t.text[: t.end]) for t in turns):
-            return [_cut(full, turns, needs_response, None)]
-        return [_cut(t.text, [t], not t.supervised, t.index) for t in turns]
+            return [_cut(full, turns, needs_response, None, self.eot)]
+        last = len(messages) - 1
+        placeholder = [needs_response and t.index == last for t in turns]
+        return [_cut(t.text, [t], p, t.index, self.eot) for t, p in zip(turns, placeholder) if t.supervised or p]
 
-    def _turns(self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool) -> list[_Turn]:
+    def _turns(self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool, context_only: frozenset[int]) -> list[_Turn]:
         """Each assistant turn whose prompt the template can render; leading ones it cannot are context."""
         last = len(messages) - 1
         turns = []
@@ -149,22 +168,41 @@ class ChatRenderer:
                     f"messages[{k}] does not render as a continuation of its generation prompt "
                     "(reasoning on a turn while enable_thinking is false?)",
                 )
-            end = through.find(self.eot, len(prefix))
+            end = through.rfind(self.eot, len(prefix))  # the turn's own closing token; _cut refuses a span holding another
             if end < 0:
                 raise Reject("render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {self.eot}")
-            turns.append(_Turn(k, len(prefix), end + len(self.eot), through, not (needs_response and k == last)))
-        if not any(t.supervised for t in turns) and not needs_response:
-            raise Reject("render", "no_supervised_turn", "no assistant turn has a prompt the template can render")
+            turns.append(_Turn(k, len(prefix), end + len(self.eot), through, not (needs_response and k == last) and k not in context_only))
+        _require_supervision(turns, needs_response)
         return turns
 
-    def _segment_markers(self, messages: list[dict[str, Any]], tools: Any, needs_response: bool) -> Segmented:
+    def _segment_markers(self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]) -> Segmented:
         full, blocks = self._render(messages, tools, False, markers=True)
-        n_assistant = sum(m["role"] == "assistant" for m in messages)
-        if len(blocks) != n_assistant:
-            raise Reject("render", "generation_blocks", f"template marked {len(blocks)} generation blocks for {n_assistant} assistant turns")
-        turns = [_Turn(-1, s, e, full, True) for s, e in blocks]
-        turns[-1].supervised = not needs_response
-        return _cut(full, turns, needs_response, None)
+        assistant = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+        if len(blocks) != len(assistant):
+            raise Reject("render", "generation_blocks", f"template marked {len(blocks)} generation blocks for {len(assistant)} assistant turns")
+        turns = [_Turn(k, s, e, full, k not in context_only) for k, (s, e) in zip(assistant, blocks)]
+        turns[-1].supervised = turns[-1].supervised and not needs_response
+        _require_supervision(turns, needs_response)
+        return _cut(full, turns, needs_response, None, self.eot)
+
+
+def _require_supervision(turns: list[_Turn], needs_response: bool) -> None:
+    if not any(t.supervised for t in turns) and not needs_response:
+        raise Reject("render", "no_supervised_turn", "no assistant turn is supervised: each has weight 0 or no prompt the template can render")
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value, dict keys included; iterative, so no nesting depth overflows the stack."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 _DICT_ATTRIBUTES = frozenset(dir(dict))
@@ -208,8 +246,13 @@ def _speed_up_sandbox(env: Any) -> None:
     env._raypipe_fast = True
 
 
-def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None) -> Segmented:
+def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None, eot: str) -> Segmented:
     """Split `text` at every turn boundary; the last turn's start ends the prompt."""
+    for t in turns:
+        n = text.count(eot, t.start, t.end)
+        if t.supervised and not (n == 1 and text.endswith(eot, t.start, t.end)):
+            code = "extra_end_of_turn" if n > 1 else "no_end_of_turn"
+            raise Reject("render", code, f"the supervised span of messages[{t.index}] holds {n} end-of-turn tokens {eot}, not exactly one at its end")
     bounds = sorted({0, len(text), *(t.start for t in turns), *(t.end for t in turns if t.supervised)})
     supervised = [(t.start, t.end) for t in turns if t.supervised]
     pieces = []

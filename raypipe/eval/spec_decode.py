@@ -73,28 +73,34 @@ def generate_in_vllm(
     """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args), speculative when `drafter` is given."""
     from vllm import LLM, SamplingParams
 
+    from raypipe.serve.reaper import engine_processes
+
     speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens} if drafter else None
-    llm = LLM(**engine, speculative_config=speculative)
-    llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
-    runs = []
-    for temperature in temperatures:
-        before = _read(llm)
-        start = time.perf_counter()
-        outputs = llm.generate(
-            [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0), use_tqdm=False
-        )
-        seconds = time.perf_counter() - start
-        after = _read(llm)
-        width = len(after["accepted_per_position"])
-        runs.append(
-            Generation(
-                temperature=temperature,
-                replies=[list(o.outputs[0].token_ids) for o in outputs],
-                seconds=seconds,
-                drafts=after["drafts"] - before["drafts"],
-                draft_tokens=after["draft_tokens"] - before["draft_tokens"],
-                accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-                accepted_per_position=[a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)],
+    with engine_processes() as processes:  # the engine core's and workers' processes, ended by pid when this ends
+        llm = LLM(**engine, speculative_config=speculative)
+    try:
+        llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+        runs = []
+        for temperature in temperatures:
+            before = _read(llm)
+            start = time.perf_counter()
+            outputs = llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0), use_tqdm=False
             )
-        )
-    return runs
+            seconds = time.perf_counter() - start
+            after = _read(llm)
+            width = len(after["accepted_per_position"])
+            runs.append(
+                Generation(
+                    temperature=temperature,
+                    replies=[list(o.outputs[0].token_ids) for o in outputs],
+                    seconds=seconds,
+                    drafts=after["drafts"] - before["drafts"],
+                    draft_tokens=after["draft_tokens"] - before["draft_tokens"],
+                    accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
+                    accepted_per_position=[a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)],
+                )
+            )
+        return runs
+    finally:
+        processes.reap()

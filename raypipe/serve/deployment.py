@@ -6,8 +6,10 @@ a request of its own (vLLM batches them continuously), and returns each
 sequence's states without pickling them (raypipe.serve.transport): a file
 descriptor when the caller runs on this node, an array through the object
 store otherwise. It runs the parity canary at start-up and on demand (with
-`canary: refuse` a mismatch stops the replica from serving), and reclaims
-the state files of dead replicas and trainers on its node. An HTTP ingress
+`canary: refuse` a mismatch stops the replica from serving; its reference is
+computed once per replica, in bf16), reclaims the state files of dead replicas
+and trainers on its node, and ends the vLLM engine processes that dead owners
+left on it (raypipe.serve.reaper), its own when it shuts down. An HTTP ingress
 (loopback unless configured) answers /health, /stats and /canary for
 operators; the trainer uses the handle.
 """
@@ -29,9 +31,10 @@ from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
 
 from raypipe.config import ServeConfig
-from raypipe.serve.canary import CanaryReport, canary_prompts, compare_states
+from raypipe.serve.canary import Canary, CanaryReport
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from raypipe.serve.reaper import reap_orphans
 from raypipe.serve.transport import StateFile, as_tensor, discard, hand_over, read_array, reclaim_orphans, replica_dir, write_states
 from raypipe.serve.validate import validate_batch
 from raypipe.target import BUILTIN_TARGETS, resolve_model, resolve_target
@@ -61,11 +64,33 @@ class ReferenceEngine:
         [reply] = await asyncio.to_thread(self._locked, self.engine.generate, [ids], sampling)
         return reply
 
+    @property
+    def engine_pids(self) -> list[int]:
+        return []  # it runs in the replica's own process
+
     async def check_health(self) -> None:
         return None
 
     def close(self) -> None:
         return None
+
+
+def _deliver(paths: list[str], batch: list[list[int]], owner_pid: int | None) -> list[StateFile | np.ndarray]:
+    """Each sequence's states as the caller takes them: handed over to `owner_pid` on this node, else read into arrays.
+    On any failure every file of the request is removed, those already handed over included. (Defined above the
+    deployment: Serve pickles the class, with the globals its methods use, when the class is defined.)"""
+    out: list[StateFile | np.ndarray] = []
+    try:
+        for path, ids in zip(paths, batch):
+            out.append(hand_over(path, ids, owner_pid) if owner_pid is not None else read_array(path, ids))
+    except BaseException:
+        for path in paths:
+            discard(path)
+        for state in out:
+            if isinstance(state, StateFile):
+                Path(state.path).unlink(missing_ok=True)
+        raise
+    return out
 
 
 @serve.deployment
@@ -94,7 +119,9 @@ class HiddenStateService:
         self.requests = 0
         self.in_flight = 0  # sequences inside the engine now
         self.max_in_flight = 0
+        self._background: set[asyncio.Future[Any]] = set()  # cancelled requests' engine work, finishing (see _paths)
         self.last_canary: CanaryReport | None = None
+        self.canary_check = Canary(target.path, self.layer_ids)
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
         self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
         self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
@@ -104,6 +131,7 @@ class HiddenStateService:
         if cfg.canary != "off":
             report = await self._canary()
             if not report.ok and cfg.canary == "refuse":
+                self.engine.close()  # its processes end now, not when the next replica on this node reaps them
                 raise RuntimeError(report.message())
         self._reclaimer = asyncio.get_running_loop().create_task(self._reclaim_periodically())
 
@@ -111,31 +139,54 @@ class HiddenStateService:
         while True:
             await asyncio.sleep(RECLAIM_EVERY_S)
             await asyncio.to_thread(reclaim_orphans)
+            await asyncio.to_thread(reap_orphans)
+
+    def _later(self, work: Any) -> None:
+        """Run `work` in the background, held until it ends (the loop keeps only weak references to tasks)."""
+        task = asyncio.ensure_future(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _left(self, _: asyncio.Future[Any]) -> None:
+        self.in_flight -= 1
+        self.m_queue.set(self.in_flight)
 
     async def _paths(self, batch: list[list[int]]) -> list[str]:
-        """One engine request per sequence, all in flight together; a cancelled call leaves no file behind."""
+        """One engine request per sequence, all in flight together. A cancelled or failed call lets its engine requests
+        finish and removes their files then: an engine request aborted after its prefill may still have its states written
+        under a name nobody would learn, so none is aborted (each is one prefill)."""
         tasks = [asyncio.ensure_future(self.engine.extract(ids)) for ids in batch]
         self.in_flight += len(tasks)
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.m_queue.set(self.in_flight)
+        for task in tasks:
+            task.add_done_callback(self._left)
+        gathered = asyncio.gather(*tasks, return_exceptions=True)
         try:
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            done = [t.result() for t in tasks if t.done() and not t.cancelled() and t.exception() is None]
-            await asyncio.shield(asyncio.to_thread(lambda: [discard(p) for p in done]))
+            results = await asyncio.shield(gathered)
+        except asyncio.CancelledError:
+            self._later(self._discard_when_done(gathered))
             raise
-        finally:
-            self.in_flight -= len(tasks)
-            self.m_queue.set(self.in_flight)
+        if any(isinstance(r, BaseException) for r in results):
+            await asyncio.to_thread(lambda: [discard(p) for p in results if isinstance(p, str)])
+            raise next(r for r in results if isinstance(r, BaseException))
+        return list(results)
+
+    async def _discard_when_done(self, work: asyncio.Future[Any]) -> None:
+        """Remove the files of a cancelled call's engine requests, or of its hand-over, once they are written."""
+        try:
+            results = await work
+        except Exception:  # noqa: BLE001 - a failed hand-over removed its files itself
+            return
+        await asyncio.to_thread(lambda: [discard(r) if isinstance(r, str) else Path(r.path).unlink(missing_ok=True) for r in results if isinstance(r, (str, StateFile))])
+
+    async def _canary_states(self, prompts: list[list[int]]) -> list[Any]:
+        """The engine's states for the canary prompts, through the same path as every request."""
+        paths = await self._paths(prompts)
+        return await asyncio.to_thread(lambda: [as_tensor(read_array(p, ids)) for p, ids in zip(paths, prompts)])
 
     async def _canary(self) -> CanaryReport:
-        reference = TransformersEngine(self.target.path, self.layer_ids)
-        prompts = canary_prompts(reference.vocab_size)
-        paths = await self._paths(prompts)
-        got = await asyncio.to_thread(lambda: [as_tensor(read_array(p, ids)) for p, ids in zip(paths, prompts)])
-        self.last_canary = compare_states(got, reference.extract(prompts), self.layer_ids)
+        self.last_canary = await self.canary_check.run(self._canary_states)
         self.m_canary.set(int(self.last_canary.ok))
         return self.last_canary
 
@@ -152,10 +203,13 @@ class HiddenStateService:
         start = time.perf_counter()
         self.requests += 1
         paths = await self._paths(batch)
-        if node_id == self.node_id and owner_pid is not None:
-            states = await asyncio.to_thread(lambda: [hand_over(p, ids, owner_pid) for p, ids in zip(paths, batch)])
-        else:
-            states = await asyncio.to_thread(lambda: [read_array(p, ids) for p, ids in zip(paths, batch)])
+        owner = owner_pid if node_id == self.node_id else None
+        delivery = asyncio.ensure_future(asyncio.to_thread(_deliver, paths, batch, owner))
+        try:
+            states = await asyncio.shield(delivery)
+        except asyncio.CancelledError:
+            self._later(self._discard_when_done(delivery))  # files handed over to a caller that will never read them
+            raise
         self._served("extract", batch, start)
         return states
 
@@ -163,7 +217,12 @@ class HiddenStateService:
         validate_batch(prompts, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        replies = await asyncio.gather(*(self.engine.generate(ids, Sampling(**(sampling or {}))) for ids in prompts))
+        work = asyncio.gather(*(self.engine.generate(ids, Sampling(**(sampling or {}))) for ids in prompts))
+        try:
+            replies = await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._later(work)  # as in _paths: its requests finish and remove their state files themselves
+            raise
         self._served("generate", prompts, start)
         return list(replies)
 
@@ -183,6 +242,8 @@ class HiddenStateService:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "canary": self.last_canary.message() if self.last_canary else None,
+            "canary_reference": {"builds": self.canary_check.builds, "runs": self.canary_check.runs, "dtype": self.canary_check.reference_dtype},
+            "engine_pids": self.engine.engine_pids,  # the vLLM processes this replica started (raypipe.serve.reaper)
         }
 
     @api.get("/health")
@@ -194,7 +255,8 @@ class HiddenStateService:
         return "ok"
 
     def __del__(self) -> None:
-        """Graceful shutdown: Serve drains the replica, then the engine goes, and its directory unless a trainer still owns files in it."""
+        """Graceful shutdown: Serve drains the replica, then the engine goes (its processes ended by pid), and its directory
+        unless a trainer still owns files in it."""
         close = getattr(getattr(self, "engine", None), "close", None)
         if close is not None:
             close()

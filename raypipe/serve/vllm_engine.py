@@ -6,6 +6,9 @@ writes them per request to this replica's directory in shared memory
 (raypipe.serve.transport hands each file on). Every request, extraction or
 reply, streams through the engine's continuous batching on its own: no lock,
 no merged calls, and a request cancelled by its caller is aborted in the engine.
+The engine core runs in a child process: it is recorded (raypipe.serve.reaper)
+and ended by its pid when the engine closes, or, if this process is killed
+hard, by the next engine to start on the node.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from raypipe.config import ServeConfig
 from raypipe.serve.engine import Sampling
+from raypipe.serve.reaper import engine_processes
 from raypipe.serve.transport import discard
 from raypipe.serve.vllm_args import engine_args
 from raypipe.target import Target
@@ -28,23 +32,24 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.directory = directory
-        self.llm = AsyncLLM.from_engine_args(
-            AsyncEngineArgs(
-                **engine_args(target, cfg),
-                enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
-                speculative_config={
-                    "method": "extract_hidden_states",
-                    "num_speculative_tokens": 1,
-                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}},
-                },
-                kv_transfer_config=KVTransferConfig(
-                    kv_connector="HiddenStatesConnector",
-                    kv_connector_module_path="raypipe.serve.connector",
-                    kv_role="kv_producer",
-                    kv_connector_extra_config={"shared_storage_path": str(directory)},
-                ),
+        with engine_processes() as self.processes:
+            self.llm = AsyncLLM.from_engine_args(
+                AsyncEngineArgs(
+                    **engine_args(target, cfg),
+                    enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
+                    speculative_config={
+                        "method": "extract_hidden_states",
+                        "num_speculative_tokens": 1,
+                        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}},
+                    },
+                    kv_transfer_config=KVTransferConfig(
+                        kv_connector="HiddenStatesConnector",
+                        kv_connector_module_path="raypipe.serve.connector",
+                        kv_role="kv_producer",
+                        kv_connector_extra_config={"shared_storage_path": str(directory)},
+                    ),
+                )
             )
-        )
 
     async def _final(self, ids: list[int], params: object) -> object:
         final = None
@@ -71,9 +76,16 @@ class VllmEngine:
         await asyncio.to_thread(discard, final.kv_transfer_params["hidden_states_path"])  # every finished request writes states
         return list(final.outputs[0].token_ids)
 
+    @property
+    def engine_pids(self) -> list[int]:
+        """The engine's processes (its core, and workers with tensor parallelism)."""
+        return self.processes.pids
+
     async def check_health(self) -> None:
         """Raises if the engine core died; never waits behind requests."""
         await self.llm.check_health()
 
     def close(self) -> None:
+        """vLLM's own shutdown, then whatever of its processes is left, by pid."""
         self.llm.shutdown()
+        self.processes.reap()

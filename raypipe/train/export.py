@@ -1,45 +1,81 @@
 """Export: the trained drafter as a directory vLLM loads as a DFlash drafter for the target.
 
-The drafter is taken from the run's latest checkpoint (as Ray Train recorded
-it), written file by file atomically with `export.json`
-last (provenance and the vLLM command), so a complete export is one whose
-`export.json` exists.
+The drafter is taken from the run's best checkpoint (the lowest mean training
+loss of its interval among those Ray Train kept, raypipe.train.launcher). The
+export is written whole into a temporary sibling directory, `export.json`
+last (provenance and the vLLM command), and only then put in place of the
+previous export: a failed export leaves the previous one as it was, and a
+complete export is one whose `export.json` exists.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
+
+from fsspec.implementations.local import LocalFileSystem
 
 from raypipe.config import RaypipeConfig
 from raypipe.storage import Storage, absolute
 from raypipe.train.checkpoint import STATE_FILE
-from raypipe.train.launcher import latest_checkpoint
+from raypipe.train.launcher import best_checkpoint
 
 EXPORT_DIR = "drafter"
+DONE = "export.json"
 
 
 def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, Any]:
-    """Copy the latest checkpoint's drafter to `output` (default: {train.output}/drafter); returns export.json."""
-    checkpoint = latest_checkpoint(cfg)
-    out = Storage(absolute(output or f"{cfg.train.output}/{EXPORT_DIR}"), cfg.train.storage_options)
-    files = [rel.split("/", 1)[1] for rel in checkpoint.glob("drafter/*")]
-    for name in files:
-        out.write(name, checkpoint.read(f"drafter/{name}"))
-    drafter_config = json.loads(checkpoint.read("drafter/config.json"))
-    spec_tokens = drafter_config["block_size"] - 1
-    provenance = checkpoint.read_json("provenance.json")
-    target = provenance["target_path"] if cfg.serve.model.startswith("builtin:") else cfg.serve.model
-    doc = {
-        "checkpoint": checkpoint.url,
-        "training_state": checkpoint.read_json(STATE_FILE),
-        "provenance": provenance,
-        "files": sorted(files),
-        "speculative_config": {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens},
-        "vllm_command": (
-            f"vllm serve {target} --speculative-config "
-            + json.dumps({"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens})
-        ),
-    }
-    out.write_json("export.json", doc)
+    """Export the best checkpoint's drafter to `output` (default: {train.output}/drafter); returns export.json."""
+    return export_checkpoint(cfg, best_checkpoint(cfg), absolute(output or f"{cfg.train.output}/{EXPORT_DIR}"))
+
+
+def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict[str, Any]:
+    """Export one checkpoint's drafter to `url`, replacing what is there only once the new export is complete."""
+    out = Storage(url, cfg.train.storage_options)
+    staging = Storage(f"{out.url}.tmp-{uuid.uuid4().hex}", cfg.train.storage_options)
+    try:
+        files = [rel.split("/", 1)[1] for rel in checkpoint.glob("drafter/*")]
+        for name in files:
+            staging.write(name, checkpoint.read(f"drafter/{name}"))
+        drafter_config = json.loads(checkpoint.read("drafter/config.json"))
+        spec_tokens = drafter_config["block_size"] - 1
+        provenance = checkpoint.read_json("provenance.json")
+        target = provenance["target_path"] if cfg.serve.model.startswith("builtin:") else cfg.serve.model
+        doc = {
+            "checkpoint": checkpoint.url,
+            "training_state": checkpoint.read_json(STATE_FILE),
+            "provenance": provenance,
+            "files": sorted(files),
+            "speculative_config": {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens},
+            "vllm_command": (
+                f"vllm serve {target} --speculative-config "
+                + json.dumps({"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens})
+            ),
+        }
+        staging.write_json(DONE, doc)
+        _replace(staging, out, files)
+    finally:
+        if staging.fs.exists(staging.root):
+            staging.fs.rm(staging.root, recursive=True)
     return doc
+
+
+def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
+    """Put the complete `staging` export in place of `out`: a directory rename on a local filesystem; on object stores
+    (no rename) file by file after the old `export.json` is gone, the new one last, so a mix of two exports never reads as complete."""
+    fs = out.fs
+    local = isinstance(fs, LocalFileSystem)
+    old = f"{out.root}.old-{uuid.uuid4().hex}"
+    fs.invalidate_cache()
+    if fs.exists(out.root):
+        if not local and fs.exists(out.path(DONE)):
+            fs.rm(out.path(DONE))  # from here the old export reads as incomplete
+        fs.mv(out.root, old, recursive=True)
+    if local:
+        fs.mv(staging.root, out.root, recursive=True)
+    else:
+        for name in [*files, DONE]:
+            fs.mv(staging.path(name), out.path(name))
+    if fs.exists(old):
+        fs.rm(old, recursive=True)

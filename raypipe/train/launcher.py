@@ -6,18 +6,40 @@ they never share a GPU with Serve replicas) inside a placement group with
 through pyarrow's view of the same fsspec filesystem (so `s3://` with a custom
 endpoint works). A worker failure restarts the group from the last checkpoint
 up to `train.max_failures` times; re-running the same config resumes too.
+
+Checkpoints are scored by `train_loss`, the mean training loss of the steps
+since the previous checkpoint (raypipe.train.loop): Ray Train keeps the
+`train.keep_checkpoints` lowest beside the latest, which it always keeps and
+resumes from; export takes the best (`best_checkpoint`).
+
+A run is resumed or exported only under what its checkpoints were trained
+with: the same prepared data (the manifest's digest) and the same train
+config but for how it is executed (workers, resources, intervals, service).
+Anything else is refused with a message naming the differences: Ray Train
+restores a run by name, and a silent resume would pass another config's state
+off as this one's.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import math
 from typing import Any
 
 from raypipe.config import RaypipeConfig
+from raypipe.data.output import PreparedOutput
 from raypipe.storage import Storage, absolute
 from raypipe.train.loop import train_worker
 from raypipe.train.replies import open_rows
 
 TRAIN_DIR = "ray_train"
+# train.* a resume may change: how the run is executed, not what it trains.
+EXECUTION = {
+    "output", "storage_options", "hidden_states", "cache", "store_misses", "prefetch", "reply_max_sequences", "num_workers", "use_gpu",
+    "cpus_per_worker", "resource", "placement_strategy", "strategy", "attention", "log_every", "checkpoint_every", "keep_checkpoints", "max_failures",
+    "max_nonfinite_steps", "reply_timeout_s",
+}
 
 
 def _train_storage(cfg: RaypipeConfig) -> tuple[Storage, Any]:
@@ -29,17 +51,70 @@ def _train_storage(cfg: RaypipeConfig) -> tuple[Storage, Any]:
     return storage, pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(storage.fs))
 
 
-def latest_checkpoint(cfg: RaypipeConfig) -> Storage:
-    """The run's latest checkpoint as Ray Train recorded it (a killed upload may leave unrecorded folders)."""
+SCORE = "train_loss"  # what checkpoints are ranked by (lower is better)
+
+
+def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
+    """The run's train storage and Result as Ray Train recorded it (a killed upload may leave unrecorded folders)."""
     from ray.train import Result
 
     storage, pyarrow_fs = _train_storage(cfg)
     if not storage.exists(cfg.name):
         raise ValueError(f"no training run {cfg.name!r} under {storage.url}: train first (`raypipe train` with this config)")
-    checkpoint = Result.from_path(storage.path(cfg.name), storage_filesystem=pyarrow_fs).checkpoint
-    if checkpoint is None:
+    result = Result.from_path(storage.path(cfg.name), storage_filesystem=pyarrow_fs)
+    if result.checkpoint is None:
         raise ValueError(f"training run {cfg.name!r} under {storage.url} has no checkpoint yet")
-    return storage.child(checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
+    _refuse_other_settings(cfg, storage, result)
+    return storage, result
+
+
+def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
+    """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, train.* but EXECUTION."""
+    train = {f"train.{k}": v for k, v in config["train"].items() if k not in EXECUTION}
+    return {"data manifest sha256": manifest_sha256, "serve.model": config["serve"]["model"], "serve.layer_ids": config["serve"]["layer_ids"], **train}
+
+
+def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) -> None:
+    """A ValueError naming the differences when the run's latest checkpoint was trained with other settings or data."""
+    latest = storage.child(result.checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
+    saved = trained_with(latest.read_json("config.json"), latest.read_json("provenance.json")["data_manifest_sha256"])
+    manifest = PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options).manifest_bytes()
+    now = trained_with(cfg.public_dump(), hashlib.sha256(manifest).hexdigest())
+    changed = [f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now" for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)]
+    if changed:
+        raise ValueError(
+            f"training run {cfg.name!r} under {storage.url} was trained with other settings or data ({'; '.join(changed)}); resuming or exporting "
+            f"it would pass its state off as this config's: set a new run name (name=...) to train anew, or go back to its settings"
+        )
+
+
+def check_resume(cfg: RaypipeConfig) -> None:
+    """Before training: a run Ray Train would restore (it has a recorded checkpoint) must have been trained with these settings."""
+    from ray.train import Result
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME  # what Ray Train restores a run from
+
+    storage, pyarrow_fs = _train_storage(cfg)
+    storage.refresh()  # a killed run's workers wrote here from other processes
+    if storage.exists(f"{cfg.name}/{CHECKPOINT_MANAGER_SNAPSHOT_FILENAME}"):
+        result = Result.from_path(storage.path(cfg.name), storage_filesystem=pyarrow_fs)
+        if result.checkpoint is not None:
+            _refuse_other_settings(cfg, storage, result)
+
+
+def latest_checkpoint(cfg: RaypipeConfig) -> Storage:
+    """The run's latest checkpoint: where a resumed run starts."""
+    storage, result = _recorded(cfg)
+    return storage.child(result.checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
+
+
+def best_checkpoint(cfg: RaypipeConfig) -> Storage:
+    """The kept checkpoint with the lowest finite `train_loss` (the latest when it is the best): what export takes."""
+    storage, result = _recorded(cfg)
+    scored = [(m[SCORE], c) for c, m in result.best_checkpoints if isinstance(m.get(SCORE), (int, float)) and math.isfinite(m[SCORE])]
+    if not scored:
+        raise ValueError(f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it was skipped as non-finite")
+    best = min(scored, key=lambda sc: sc[0])[1]
+    return storage.child(best.path[len(storage.root.rstrip("/")) + 1 :])
 
 
 def run_config(cfg: RaypipeConfig) -> Any:
@@ -50,7 +125,7 @@ def run_config(cfg: RaypipeConfig) -> Any:
         name=cfg.name,
         storage_path=storage.path(),
         storage_filesystem=pyarrow_fs,
-        checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"),
         failure_config=FailureConfig(max_failures=cfg.train.max_failures),
     )
 
@@ -71,23 +146,28 @@ def run_training(cfg: RaypipeConfig) -> Any:
     """Train to the end of the configured epochs (or max_steps); returns Ray Train's Result.
 
     The same config resumes a finished or interrupted run from its last checkpoint
-    (Ray Train restores a run by name and storage path).
+    (Ray Train restores a run by name and storage path); other settings are refused (`check_resume`).
     """
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     cfg = RaypipeConfig.model_validate(cfg.model_dump())
     cfg.data.output = absolute(cfg.data.output)
     cfg.train.output = absolute(cfg.train.output)
     if cfg.train.cache:
         cfg.train.cache = absolute(cfg.train.cache)
+    check_resume(cfg)  # before the replies' meta is written or a worker starts
     missing = open_rows(cfg).shards_needing_replies()  # fail here, not in every retried worker
     if missing:
         raise ValueError(f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first (raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)")
-    trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={"config": cfg.model_dump()},
+    return build_trainer(cfg).fit()
+
+
+def build_trainer(cfg: RaypipeConfig) -> Any:
+    """The TorchTrainer of a run. The config (credentials included) travels inside the worker function, not as a
+    train_loop_config: Ray Train's state export shows that on the dashboard."""
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        functools.partial(train_worker, {"config": cfg.model_dump()}),
         torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"),  # checkpoint gathers use CPU tensors
         scaling_config=scaling_config(cfg),
         run_config=run_config(cfg),
     )
-    return trainer.fit()

@@ -16,6 +16,14 @@
    end, with the ledger of the samples trained since the last one
    (raypipe.train.ledger). A restarted group resumes at the checkpoint's data
    cursor, so every planned sample of an epoch is trained exactly once.
+   Each checkpoint is scored by its interval's mean training loss
+   (`train_loss`): Ray Train keeps the best ones beside the latest, and
+   export takes the best (raypipe.train.launcher).
+
+A step with a NaN or Inf loss or gradient norm is skipped and counted
+(raypipe.train.step); `train.max_nonfinite_steps` of them in a row stop the
+run at the next log, before anything is checkpointed, and a model state
+holding NaN or Inf is never checkpointed (raypipe.train.checkpoint).
 """
 
 from __future__ import annotations
@@ -43,7 +51,18 @@ from raypipe.train.metrics import StepMetrics, TrainMetrics
 from raypipe.train.plan import EpochPlan, lr_factor, plan_epoch
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
-from raypipe.train.step import place_drafter, precision, train_step
+from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
+
+
+def stop_if_diverged(m: dict[str, float], cfg: RaypipeConfig, step: int) -> None:
+    """Stop the run once `train.max_nonfinite_steps` steps in a row were skipped as non-finite (`m`: a reduced interval)."""
+    tc = cfg.train
+    if m["nonfinite_run"] >= tc.max_nonfinite_steps:
+        raise ValueError(
+            f"{m['nonfinite_run']:.0f} optimizer steps in a row up to step {step} had a NaN or Inf loss or gradient norm and were skipped "
+            f"(train.max_nonfinite_steps={tc.max_nonfinite_steps}); nothing after the last checkpoint is kept. Lower train.lr (now {tc.lr}) "
+            f"or train.grad_clip, or look for broken rows in the prepared data ({cfg.data.output})"
+        )
 
 
 class Worker:
@@ -94,7 +113,7 @@ class Trainer:
         self.drafter = build_drafter(w.target, tc)
         self.model = place_drafter(self.drafter, tc.strategy, w.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=tc.lr, weight_decay=tc.weight_decay)
+        self.optimizer = make_optimizer(self.params, tc.lr, tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio))
         self.state = TrainingState()
         self.ledger = Ledger(w.run.child(f"ledger/{w.cfg.name}"), w.rank)
@@ -119,6 +138,7 @@ class Trainer:
         self.cache = StateCache(Storage(tc.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids)) if tc.cache else None
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
         self.metrics = StepMetrics(w.device)
+        self.since_checkpoint = {"loss": 0.0, "trained": 0.0, "nonfinite_steps": 0.0}  # loss weighted by the steps that trained
         self.kwargs = step_kwargs(tc)
         self.autocast, self.states_dtype = precision(w.device)
         torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors differ per rank and step, reproducibly
@@ -138,8 +158,15 @@ class Trainer:
         return zip(for_rows, stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses))
 
     def log(self, lr: float) -> dict[str, float]:
-        """Reduce the interval's metrics (a collective), then report them from rank 0."""
+        """Reduce the interval's metrics (a collective), then report them from rank 0; stop a run that no longer learns
+        (every rank reads the same skip counts, so every rank raises)."""
         m = self.metrics.reduce()
+        stop_if_diverged(m, self.w.cfg, self.state.step)
+        trained = m["steps"] - m["nonfinite_steps"]
+        interval = self.since_checkpoint
+        interval["loss"] += m["loss"] * trained if trained else 0.0
+        interval["trained"] += trained
+        interval["nonfinite_steps"] += m["nonfinite_steps"]
         m.update(
             epoch=self.state.epoch, step=self.state.step, lr=lr,
             wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
@@ -148,21 +175,26 @@ class Trainer:
         if self.prometheus is not None:
             self.prometheus.record(m)
             self.ledger.log(m)
+            skipped = f" skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
             print(
                 f"[train] step {self.state.step}/{self.total_steps} epoch {self.state.epoch} loss {m['loss']:.4f} tau~{m['tau_estimate']:.2f} "
-                f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%",
+                f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%{skipped}",
                 flush=True,
             )
         return m
 
     def checkpoint(self, m: dict[str, float]) -> None:
-        """Ledger, then checkpoint; report() is a barrier costing seconds, so it is only called here."""
+        """Ledger, then checkpoint, scored by `train_loss` (the mean training loss of the steps since the last checkpoint,
+        NaN when every one was skipped, which Ray Train ranks last); report() is a barrier costing seconds, so it is only called here."""
         import ray.train
 
         self.ledger.flush(self.state.cursor)
+        interval = self.since_checkpoint
         with tempfile.TemporaryDirectory() as tmp:
             save_checkpoint(Path(tmp), self.model, self.drafter, self.optimizer, self.scheduler, self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
             report = {k: m[k] for k in ("step", "epoch", "loss", "tau_estimate")}
+            report.update(train_loss=interval["loss"] / interval["trained"] if interval["trained"] else float("nan"), nonfinite_steps=interval["nonfinite_steps"])
+            self.since_checkpoint = {"loss": 0.0, "trained": 0.0, "nonfinite_steps": 0.0}
             ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.w.rank == 0 else None)
 
     def run(self) -> None:

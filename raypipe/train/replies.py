@@ -10,11 +10,19 @@ token the data stage recorded. A shard's replies are written atomically, keyed
 by row position (raypipe.train.rows), so the pass resumes shard by shard.
 `replies/meta.json` records the target, the data manifest, the sampling and
 the thinking setting; replies made otherwise are refused, not mixed in.
+
+The driver alone hands out shards: one at a time to an idle engine, each
+shard once, so no shard is owned twice or by no one, whatever the engines'
+speeds. Nothing waits forever: an engine busy with one shard for
+`train.reply_timeout_s` fails the pass with an error naming the shard, and an
+engine that does not start within it is left out (the pass fails if none
+starts).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from raypipe.config import RaypipeConfig
@@ -52,12 +60,14 @@ class ReplyWriter:
     def __init__(self, config: dict[str, Any]) -> None:
         from vllm import LLM, SamplingParams
 
+        from raypipe.serve.reaper import engine_processes
         from raypipe.serve.vllm_args import engine_args
         from raypipe.target import resolve_target
 
         cfg = RaypipeConfig.model_validate(config)
         self.rows = open_rows(cfg)
-        self.llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
+        with engine_processes():  # engine processes a killed writer leaves are ended, by pid, at the next engine start on the node
+            self.llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
         self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
 
     def write(self, shard: int) -> tuple[int, int, int, float]:
@@ -70,10 +80,42 @@ class ReplyWriter:
         return shard, len(replies), sum(map(len, replies)), time.perf_counter() - start
 
 
+def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator[tuple[int, int, int, float]]:
+    """Each shard's ReplyWriter.write result as engines finish; a shard goes to one idle engine, once."""
+    import ray
+
+    now = time.monotonic()
+    waiting: dict[Any, tuple[int | None, Any, float]] = {a.__ray_ready__.remote(): (None, a, now) for a in actors}  # None: the engine starting
+    queue, idle = list(shards), []
+    while queue or any(shard is not None for shard, _, _ in waiting.values()):
+        while queue and idle:
+            actor, shard = idle.pop(), queue.pop(0)
+            waiting[actor.write.remote(shard)] = (shard, actor, time.monotonic())
+        if not waiting:
+            raise ValueError(f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has a Serve replica's resources free")
+        oldest = min(since for _, _, since in waiting.values())
+        ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, oldest + timeout_s - time.monotonic()))
+        if ready:
+            shard, actor, _ = waiting.pop(ready[0])
+            result = ray.get(ready[0])  # an engine's failure surfaces here
+            idle.append(actor)
+            if shard is not None:
+                yield result
+            continue
+        now = time.monotonic()
+        stuck = sorted(shard for shard, _, since in waiting.values() if shard is not None and now - since >= timeout_s)
+        if stuck:
+            raise ValueError(
+                f"the reply pass is stuck: shard {', '.join(map(str, stuck))} has had no replies for train.reply_timeout_s={timeout_s:g} s; its engine "
+                f"hangs or the shard needs longer (raise train.reply_timeout_s). Shards done so far are stored, and a re-run does only the rest"
+            )
+        for ref in [ref for ref, (shard, _, since) in waiting.items() if shard is None and now - since >= timeout_s]:
+            del waiting[ref]  # an engine that did not start: the others take its shards
+
+
 def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     """Generate the replies of every shard that lacks them; returns counts (nothing to do when all are stored)."""
     import ray
-    from ray.util import ActorPool
 
     from raypipe.serve.deployment import replica_resources
 
@@ -88,7 +130,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
     start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
     try:
-        for done, (shard, n, t, seconds) in enumerate(ActorPool(actors).map_unordered(lambda actor, s: actor.write.remote(s), todo), 1):
+        for done, (shard, n, t, seconds) in enumerate(_written(actors, todo, cfg.train.reply_timeout_s), 1):
             replies, tokens, busy = replies + n, tokens + t, busy + seconds
             print(f"[replies] shard {shard} done ({done}/{len(todo)}): {replies} replies, {tokens * engines / busy:.0f} tokens/s while generating", flush=True)
     finally:

@@ -11,12 +11,19 @@ under `replies/` of the run directory (one Parquet file per prepared shard,
 written atomically, each reply keyed by its row's position in the shard, so
 rows that share a sample_id keep their own), and reused by every later epoch
 and by resumed runs, which then only re-extract states.
+
+A shard's token columns are read whole and checked against the sha256 the
+manifest records for it, so a shard changed or corrupted since the data stage
+is refused with its name, never trained on. (The metadata read at start-up
+takes only a few columns; a shard whose metadata cannot be read is checked
+there too, so that failure names the shard as well.)
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -42,15 +49,16 @@ class Row:
 class PreparedRows:
     def __init__(self, prepared: PreparedOutput, replies: Storage, max_length: int, cache_shards: int = 8) -> None:
         self.prepared = prepared
-        self.manifest = prepared.read_manifest()
-        self.manifest_sha256 = hashlib.sha256(prepared.read("manifest.json")).hexdigest()
+        manifest = prepared.manifest_bytes()
+        self.manifest = json.loads(manifest)
+        self.manifest_sha256 = hashlib.sha256(manifest).hexdigest()
         self.end_of_turn_id: int = self.manifest["end_of_turn"]["id"]  # where on-policy replies stop
         self.replies = replies
         self.max_length = max_length
         self.shard_files = [s["file"] for s in self.manifest["shards"]]
         self.shard_sizes = [s["rows"] for s in self.manifest["shards"]]
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
-        metas = [self._read(f, _META_COLUMNS) for f in self.shard_files]
+        metas = [self._read_meta(s) for s in range(len(self.shard_files))]
         self.sample_ids: list[str] = [sid for m in metas for sid in m.column("sample_id").to_pylist()]
         self.needs_response = np.concatenate([m.column("needs_response").to_numpy(zero_copy_only=False) for m in metas]) if metas else np.zeros(0, bool)
         self.prompt_len = np.concatenate([m.column("prompt_len").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
@@ -62,9 +70,26 @@ class PreparedRows:
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
-    def _read(self, file: str, columns: list[str]) -> pa.Table:
-        with self.prepared.fs.open(self.prepared.path(file), "rb") as f:
-            return pq.read_table(f, columns=columns)
+    def _read_meta(self, shard: int) -> pa.Table:
+        try:
+            with self.prepared.fs.open(self.prepared.path(self.shard_files[shard]), "rb") as f:
+                return pq.read_table(f, columns=_META_COLUMNS)
+        except (OSError, pa.ArrowException):
+            self._verified(shard)  # a changed or corrupted file: the checksum error names it and the fix
+            raise
+
+    def _verified(self, shard: int) -> bytes:
+        """The shard file's bytes, checked against the manifest's sha256."""
+        entry = self.manifest["shards"][shard]
+        data = self.prepared.read(entry["file"])
+        found = hashlib.sha256(data).hexdigest()
+        if found != entry["sha256"]:
+            raise ValueError(
+                f"prepared shard {self.prepared.url}/{entry['file']} does not match manifest.json (sha256 {found[:16]}..., recorded "
+                f"{entry['sha256'][:16]}...): it changed or was corrupted after the data stage. Delete stats/{shard_name(shard)}.json and "
+                f"manifest.json there and re-run `raypipe prepare` with the same config: it rewrites that shard"
+            )
+        return data
 
     def shard_of(self, index: int) -> tuple[int, int]:
         shard = int(np.searchsorted(self.offsets, index, side="right")) - 1
@@ -122,7 +147,7 @@ class PreparedRows:
         if shard in self._tables:
             self._tables.move_to_end(shard)
         else:
-            self._tables[shard] = self._read(self.shard_files[shard], ["input_ids", "loss_mask"])
+            self._tables[shard] = pq.read_table(io.BytesIO(self._verified(shard)), columns=["input_ids", "loss_mask"])
             if len(self._tables) > self._cache_shards:
                 self._tables.popitem(last=False)
         return self._tables[shard]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def _prepared(root: Path, shards: list[list[dict]] = ROWS) -> PreparedOutput:
         )
         (root / "data").mkdir(parents=True, exist_ok=True)
         pq.write_table(table, root / "data" / f"part-{i:06d}.parquet")
-        files.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard)})
+        sha256 = hashlib.sha256((root / "data" / f"part-{i:06d}.parquet").read_bytes()).hexdigest()
+        files.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard), "sha256": sha256})
     (root / "manifest.json").write_text(json.dumps({"shards": files, "end_of_turn": {"token": "<|im_end|>", "id": 151645}}))
     return PreparedOutput(str(root), {})
 

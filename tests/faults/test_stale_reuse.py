@@ -1,0 +1,250 @@
+"""Stale reuse: whatever a stage's output depends on changed, the stage re-runs or refuses, never reports done.
+
+Prepare: the template's text (edited in place), an input file (size or mtime), data.output, the raypipe version.
+Train: its settings (a resume under others is refused by the run's own checkpoint, through real Ray Train), the
+prepared data (the manifest's digest). A prepared shard changed after the data stage is refused when read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import raypipe
+from raypipe.assets.templates import load_template
+from raypipe.config import RaypipeConfig, load_config, redact
+from raypipe.data.output import PreparedOutput, dependencies
+from raypipe.data.sources import plan_chunks
+from raypipe.pipeline import StageLog, eval_fingerprint, prepare_fingerprint, train_fingerprint
+from raypipe.storage import Storage
+from raypipe.train.rows import PreparedRows
+from tests.conftest import prepare_records, qwen_spec
+
+ROWS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]} for i in range(40)]
+
+
+def inputs(root: Path) -> Path:
+    """Two small JSONL files and a copy of the qwen_strict template, to be edited in place."""
+    (root / "in").mkdir(parents=True)
+    for name, rows in (("a", ROWS[:25]), ("b", ROWS[25:])):
+        (root / "in" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "template.jinja").write_text(load_template("qwen_strict"))
+    return root
+
+
+def config(root: Path, *overrides: str) -> RaypipeConfig:
+    return load_config(
+        "debug_cpu",
+        [
+            f"data.sources=[{{path: '{root}/in/*.jsonl', name: mixed}}]", f"data.output={root}/prepared", f"data.chat_template={root}/template.jinja",
+            "data.max_length=64", "data.chunk_bytes=1024", "data.num_actors=1", "data.cpus_per_actor=0.5", f"train.output={root}/train", *overrides,
+        ],
+    )
+
+
+def plan_doc(cfg: RaypipeConfig) -> tuple[dict[str, Any], Any]:
+    """plan.json as run_prepare writes it, and the tokenizer start() saves beside it."""
+    from raypipe.data.tokenizer import resolve_tokenizer
+
+    tok, spec = resolve_tokenizer(cfg.data)
+    deps = dependencies(cfg.data, spec)
+    return {**deps, "chunks": [c.to_dict() for c in plan_chunks(cfg.data.sources, {}, cfg.data.chunk_bytes)]}, tok
+
+
+def start(cfg: RaypipeConfig) -> None:
+    doc, tok = plan_doc(cfg)
+    PreparedOutput(cfg.data.output, {}).start(doc, tok)
+
+
+def edit_template(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same name, same rendering (a Jinja comment), other text."""
+    path = root / "template.jinja"
+    path.write_text(path.read_text() + "{#- edited in place -#}")
+
+
+def touch(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = root / "in" / "a.jsonl"
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 5_000_000_000))
+
+
+def grow(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with open(root / "in" / "b.jsonl", "a") as f:
+        f.write(json.dumps(ROWS[0]) + "\n")
+
+
+def bump_version(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(raypipe, "__version__", raypipe.__version__ + ".post1")
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [(edit_template, "tokenizer or chat template"), (touch, "input files"), (grow, "input files"), (bump_version, "raypipe version")],
+    ids=["template_edited_in_place", "input_mtime", "input_size", "raypipe_version"],
+)
+def test_a_changed_dependency_reruns_prepare_and_the_old_output_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, refusal) -> None:
+    root = inputs(tmp_path)
+    cfg = config(root)
+    start(cfg)
+    StageLog(cfg).mark("prepare", 1.0, {})
+    assert StageLog(cfg).done("prepare") is not None
+    start(cfg)  # the same plan: a resume
+
+    change(root, monkeypatch)
+    assert StageLog(cfg).done("prepare") is None, "the stage log would skip prepare"
+    with pytest.raises(ValueError, match=rf"holds a run made with a different {refusal} .*set a new data.output, or delete .*prepared"):
+        start(cfg)
+
+
+def test_a_new_data_output_reruns_prepare(tmp_path: Path) -> None:
+    root = inputs(tmp_path)
+    cfg = config(root)
+    StageLog(cfg).mark("prepare", 1.0, {})
+    assert StageLog(config(root, "data.num_actors=2")).done("prepare") is None  # parallelism too: cheap to resume
+    assert StageLog(config(root, f"data.output={root}/elsewhere")).done("prepare") is None
+    assert StageLog(config(root)).done("prepare") is not None
+
+
+def test_train_export_and_eval_chain_on_the_prepared_data_and_train_settings(tmp_path: Path) -> None:
+    root = inputs(tmp_path)
+    (root / "prepared").mkdir()
+    manifest = root / "prepared" / "manifest.json"
+    manifest.write_text('{"shards": []}\n')
+    cfg = config(root)
+    log = StageLog(cfg)
+    for stage in ("train", "export", "eval"):
+        log.mark(stage, 1.0, {})
+    assert all(StageLog(cfg).done(s) is not None for s in ("train", "export", "eval"))
+    assert log.fingerprint("export") == log.fingerprint("train")
+
+    manifest.write_text('{"shards": [], "rewritten": true}\n')  # the data stage ran again with other results
+    fresh = StageLog(cfg)
+    assert [fresh.done(s) for s in ("train", "export", "eval")] == [None, None, None]
+
+    manifest.write_text('{"shards": []}\n')
+    changed = StageLog(config(root, "train.lr=0.01"))
+    assert [changed.done(s) for s in ("train", "export", "eval")] == [None, None, None]
+    assert StageLog(config(root, "eval.num_prompts=3")).done("train") is not None
+    assert StageLog(config(root, "eval.num_prompts=3")).done("eval") is None
+    sha = hashlib.sha256(b"x").hexdigest()
+    assert train_fingerprint(cfg, sha) != train_fingerprint(cfg, hashlib.sha256(b"y").hexdigest())
+    assert eval_fingerprint(cfg, "a") != eval_fingerprint(cfg, "b")
+
+
+def test_prepare_fingerprint_covers_template_text_inputs_output_and_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = inputs(tmp_path)
+    seen = {prepare_fingerprint(config(root).data)}
+    for change in (edit_template, touch, grow, bump_version):
+        change(root, monkeypatch)
+        seen.add(prepare_fingerprint(config(root).data))
+    seen.add(prepare_fingerprint(config(root, f"data.output={root}/elsewhere").data))
+    assert len(seen) == 6
+    assert prepare_fingerprint(config(root).data) == prepare_fingerprint(config(root).data)
+
+
+def _corrupt_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    for i in range(len(data) // 3, len(data) // 3 + 8):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-20])
+
+
+@pytest.mark.parametrize("damage", [_corrupt_middle, _truncate], ids=["bytes_flipped", "truncated"])
+def test_a_changed_prepared_shard_is_refused_when_training_reads_it(tmp_path: Path, damage) -> None:
+    out = PreparedOutput(str(tmp_path / "prepared"), {})
+    result = prepare_records(tmp_path, ROWS)
+    stats = out.write_shard(result)
+    _, spec = qwen_spec()
+    out.write_json("manifest.json", {"shards": [{"file": stats["file"], "rows": stats["rows_kept"], "sha256": stats["sha256"]}],
+                                     "end_of_turn": {"token": spec.end_of_turn, "id": spec.end_of_turn_id}})
+    rows = PreparedRows(out, Storage(str(tmp_path / "replies"), {}), max_length=64)
+    assert [rows.row(i).sample_id for i in range(len(rows))] == [r["id"] for r in ROWS]  # intact: read as is
+
+    damage(tmp_path / "prepared" / stats["file"])
+    with pytest.raises(ValueError, match=r"prepared shard .*/data/part-000000\.parquet does not match manifest\.json .*stats/part-000000\.json"):
+        rows = PreparedRows(out, Storage(str(tmp_path / "replies"), {}), max_length=64)
+        for i in range(len(rows)):
+            rows.row(i)
+
+
+@pytest.mark.integration
+def test_prepare_reruns_through_the_real_data_stage_after_a_template_edit_in_place(ray_cluster: str, tmp_path: Path) -> None:
+    from raypipe.data.pipeline import run_prepare
+
+    def pipeline_prepare(cfg: RaypipeConfig) -> dict[str, Any] | None:
+        """What run_pipeline does for its first stage: skip when done, else run and mark."""
+        log = StageLog(cfg)
+        if log.done("prepare") is not None:
+            return None
+        manifest = run_prepare(cfg.data)
+        log.mark("prepare", 1.0, manifest["counts"])
+        return manifest
+
+    root = inputs(tmp_path)
+    first = pipeline_prepare(config(root))
+    assert first is not None and first["counts"]["rows_kept"] == len(ROWS)
+    assert pipeline_prepare(config(root)) is None  # nothing changed: skipped
+
+    edit_template(root, pytest.MonkeyPatch())
+    with pytest.raises(ValueError, match="different tokenizer or chat template"):  # not skipped: re-run, and the old output refused
+        pipeline_prepare(config(root))
+    again = pipeline_prepare(config(root, f"data.output={root}/prepared-2"))  # the fix the message names
+    assert again is not None and again["template_hash"] != first["template_hash"] and again["counts"] == first["counts"]
+
+
+def _fake_training_run(cfg: RaypipeConfig, manifest_sha256: str) -> None:
+    """A real Ray Train run under the launcher's RunConfig whose one checkpoint holds what the training loop writes
+    for the resume check: the redacted config and the provenance's manifest digest."""
+    import ray.train
+    from ray.train import ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from raypipe.train.launcher import run_config
+
+    config_doc, provenance = redact(cfg.model_dump()), {"data_manifest_sha256": manifest_sha256}
+
+    def loop() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            Path(tmp, "config.json").write_text(json.dumps(config_doc))
+            Path(tmp, "provenance.json").write_text(json.dumps(provenance))
+            ray.train.report({"train_loss": 1.0, "step": 1}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+    trainer = TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+                           run_config=run_config(cfg))
+    assert trainer.fit().error is None
+
+
+@pytest.mark.integration
+def test_a_resume_under_other_train_settings_or_data_is_refused(ray_cluster: str, tmp_path: Path) -> None:
+    from raypipe.train.launcher import best_checkpoint, check_resume, latest_checkpoint, run_training
+
+    root = inputs(tmp_path)
+    (root / "prepared").mkdir()
+    manifest = root / "prepared" / "manifest.json"
+    manifest.write_text('{"shards": []}\n')
+    cfg = config(root)
+    _fake_training_run(cfg, hashlib.sha256(manifest.read_bytes()).hexdigest())
+
+    check_resume(cfg)  # the same settings resume
+    check_resume(config(root, "train.num_workers=1", "train.checkpoint_every=7", "serve.num_cpus=1"))  # so do other execution settings
+    assert latest_checkpoint(cfg).exists("config.json")
+
+    lr = config(root, "train.lr=0.01")
+    for call in (check_resume, latest_checkpoint, best_checkpoint, run_training):
+        with pytest.raises(ValueError, match=r"trained with other settings or data \(train\.lr: 0\.003 there, 0\.01 now\).*name="):
+            call(lr)
+    assert not (root / "train" / "replies").exists(), "refused before anything was written"
+
+    manifest.write_text('{"shards": [], "rewritten": true}\n')
+    with pytest.raises(ValueError, match=r"data manifest sha256: '[0-9a-f]{64}' there, '[0-9a-f]{64}' now"):
+        check_resume(cfg)
