@@ -28,8 +28,11 @@ BIN = Path(sys.executable).parent
 
 
 class LocalCluster:
-    def __init__(self, root: Path, head_cpus: float, node_types: dict[str, Any] | None = None, idle_timeout_minutes: float = 0.5) -> None:
+    def __init__(
+        self, root: Path, head_cpus: float, node_types: dict[str, Any] | None = None, idle_timeout_minutes: float = 0.5, auth: dict[str, str] | None = None
+    ) -> None:
         self.root = root
+        self.auth = auth or {"RAY_AUTH_MODE": "disabled"}
         self.head_cpus = head_cpus
         self.node_types = node_types
         self.idle_timeout_minutes = idle_timeout_minutes
@@ -40,8 +43,8 @@ class LocalCluster:
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def env(self, **extra: str) -> dict[str, str]:
-        """Environment of the cluster and of job submission: one auth mode, this venv first on PATH."""
-        return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
+        """Environment of the cluster and of job submission: one auth mode (`auth`), this venv first on PATH."""
+        return {**os.environ, **self.auth, "PATH": f"{BIN}:{os.environ['PATH']}", **extra}
 
     def _autoscaling_config(self) -> Path:
         gcs = f"{_node_ip()}:{self.gcs_port}"

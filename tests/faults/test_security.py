@@ -20,18 +20,10 @@ import yaml
 
 from raypipe.serve.canary import Canary
 from raypipe.serve.hf_engine import TransformersEngine
-from tests.conftest import free_port
+from tests.local_cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 LAYERS = (1, 2, 4)
-
-HEAD = """
-import sys, ray
-ray.init(address="local", num_cpus=1, include_dashboard=True, dashboard_host=sys.argv[1], dashboard_port=int(sys.argv[2]), logging_level="WARNING")
-print("up", flush=True)
-sys.stdin.read()  # until the test closes it
-ray.shutdown()
-"""
 
 
 def _status(url: str, token: str | None) -> int:
@@ -44,39 +36,40 @@ def _status(url: str, token: str | None) -> int:
 
 @pytest.mark.integration
 def test_the_clusters_ray_start_settings_refuse_jobs_without_the_token(tmp_path: Path) -> None:
-    """cluster.yaml's head settings on a real local head: the job API answers only with the token, the dashboard
-    listens on loopback only, and `ray job submit` as the README writes it runs a job that reaches the cluster."""
+    """cluster.yaml's head auth settings on a real head started with `ray start` (its own ports, beside the session's
+    cluster): the job API answers only with the token, the dashboard listens on loopback only, and `ray job submit`
+    as the README writes it runs a job that reaches the cluster."""
     head = next(c for c in yaml.safe_load((ROOT / "cluster.yaml").read_text())["head_start_ray_commands"] if "ray start" in c)
-    env = dict(re.findall(r"\b(RAY_AUTH_[A-Z_]+)=(\S+)", head))
-    [host] = re.findall(r"--dashboard-host[= ](\S+)", head)
+    auth = dict(re.findall(r"\b(RAY_AUTH_[A-Z_]+)=(\S+)", head))
+    assert re.findall(r"--dashboard-host[= ](\S+)", head) == ["127.0.0.1"]  # what LocalCluster starts with too
     token = os.urandom(32).hex()  # what `ray get-auth-token --generate` writes
     token_file = tmp_path / "auth_token"
     token_file.write_text(token)
-    env = {**os.environ, **env, "RAY_AUTH_TOKEN_PATH": str(token_file)}  # the file mounted at the YAML's path on a node
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", HEAD, host, str(port)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cluster = LocalCluster(tmp_path / "cluster", head_cpus=1, auth={**auth, "RAY_AUTH_TOKEN_PATH": str(token_file)})  # the file mounted at the YAML's path
     try:
-        assert server.stdout.readline().strip() == "up"
-        jobs = f"http://127.0.0.1:{port}/api/jobs/"
+        cluster.start()
+        jobs = f"{cluster.dashboard_url}/api/jobs/"
         deadline = time.monotonic() + 120
         while _status(jobs, token) != 200 and time.monotonic() < deadline:
             time.sleep(1)
         assert _status(jobs, token) == 200
         assert _status(jobs, None) == 401
         assert _status(jobs, "0" * 64) == 403
-        listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+        listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == cluster.dashboard_port}
         assert listening == {"127.0.0.1"}
-        ray_cli = str(Path(sys.executable).parent / "ray")
         driver = "import ray; ray.init(); print('driver', ray.is_initialized())"  # the job's driver reaches the GCS with the token too
-        submit = [ray_cli, "job", "submit", "--address", f"http://127.0.0.1:{port}", "--", sys.executable, "-c", driver]
+        submit = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard_url, "--", sys.executable, "-c", driver]
         client = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+        deadline = time.monotonic() + 300
         done = subprocess.run(submit, env=client, capture_output=True, text=True, timeout=300)
+        while "No available agent to submit job" in done.stderr and time.monotonic() < deadline:  # the head's job agent starts after the dashboard
+            time.sleep(5)
+            done = subprocess.run(submit, env=client, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "driver True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
         refused = subprocess.run(submit, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=120)
         assert refused.returncode != 0 and "Missing authentication token" in refused.stderr, refused.stderr[-2000:]  # the dashboard's 401
     finally:
-        server.stdin.close()
-        server.wait(timeout=120)
+        cluster.stop()
 
 
 def test_the_canary_reference_is_built_once_in_bf16_and_runs_are_serialized(tiny_target: str) -> None:
