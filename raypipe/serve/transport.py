@@ -61,8 +61,8 @@ class StateFile:
     shape: tuple[int, ...]
     dtype: str  # safetensors' name: BF16, F16, F32
 
-    def copy_into(self, out: torch.Tensor) -> None:
-        """Copy the states into `out` (a slice of the pinned buffer) in one pass, then remove the file."""
+    def copy_into(self, out: torch.Tensor, remove: bool = True) -> None:
+        """Copy the states into `out` (a slice of the pinned buffer) in one pass, then remove the file (unless a later copy needs it)."""
         count = int(np.prod(self.shape))
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
             with warnings.catch_warnings():  # read-only memory: only ever copied from
@@ -70,7 +70,8 @@ class StateFile:
                 view = torch.frombuffer(mapped, dtype=DTYPES[self.dtype][0], count=count, offset=self.offset)
             out.copy_(view.view(self.shape))
             del view  # the mapping closes only when no tensor views it
-        os.unlink(self.path)
+        if remove:
+            os.unlink(self.path)
 
 
 def _header(path: str) -> tuple[int, dict[str, Any]]:
@@ -167,15 +168,15 @@ def states_dtype(source: StateFile | np.ndarray | torch.Tensor) -> torch.dtype:
     return source.dtype
 
 
-def as_tensor(source: StateFile | np.ndarray | torch.Tensor) -> torch.Tensor:
-    """A sequence's states as a tensor of their own (tests, the canary); training copies straight into its buffer instead."""
+def as_tensor(source: StateFile | np.ndarray | torch.Tensor, keep_file: bool = False) -> torch.Tensor:
+    """A sequence's states as a tensor of their own (tests, the canary, the cache); training copies straight into its buffer instead."""
     if isinstance(source, torch.Tensor):
         return source
     if isinstance(source, np.ndarray):
         tensor = torch.from_numpy(source.copy())
         return tensor.view(torch.bfloat16) if source.dtype == np.uint16 else tensor
     out = torch.empty(source.shape, dtype=DTYPES[source.dtype][0])
-    source.copy_into(out)
+    source.copy_into(out, remove=not keep_file)
     return out
 
 
@@ -187,6 +188,13 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def release_owner(pid: int, root: str | None = None) -> None:
+    """Remove what was handed over to trainer `pid` and never read, when it ends: states whose response was lost
+    (a request cancelled or resubmitted after the replica had handed them over)."""
+    for owner in Path(root or memory_dir() or tempfile.gettempdir()).glob(f"{PREFIX}*/{OWNER}{pid}"):
+        shutil.rmtree(owner, ignore_errors=True)
 
 
 def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str]:

@@ -29,6 +29,7 @@ holding NaN or Inf is never checkpointed (raypipe.train.checkpoint).
 from __future__ import annotations
 
 import itertools
+import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,7 +41,7 @@ import torch.distributed as dist
 
 from raypipe import __version__
 from raypipe.config import RaypipeConfig
-from raypipe.serve.transport import reclaim_orphans
+from raypipe.serve.transport import reclaim_orphans, release_owner
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
 from raypipe.train.batches import DeviceFeeder, Step
@@ -230,6 +231,9 @@ class Trainer:
 def train_worker(loop_config: dict[str, Any]) -> None:
     """Ray Train's train_loop_per_worker."""
     w = Worker(RaypipeConfig.model_validate(loop_config["config"]))
-    load_replies(w)
-    plans, total_steps = plan_epochs(w)
-    Trainer(w, plans, total_steps).run()
+    try:
+        load_replies(w)
+        plans, total_steps = plan_epochs(w)
+        Trainer(w, plans, total_steps).run()
+    finally:
+        release_owner(os.getpid())  # states handed over to this worker whose responses never reached it

@@ -93,8 +93,7 @@ def stream_states(
         for ids, hit in zip(seqs, hits):
             if hit is None:
                 hit = next(fetched)
-                if store_misses:
-                    hit = as_tensor(hit)  # read once, stored, then copied into the step from memory
-                    cache.put(ids, hit)
+                if store_misses:  # stored, and the step still copies from what was delivered (so its metrics say how states arrived)
+                    cache.put(ids, as_tensor(hit, keep_file=True))
             out.append(hit)
         yield out
