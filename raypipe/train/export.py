@@ -67,7 +67,7 @@ def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
     fs = out.fs
     local = isinstance(fs, LocalFileSystem)
     old = f"{out.root}.old-{uuid.uuid4().hex}"
-    fs.invalidate_cache()
+    out.refresh()
     if fs.exists(out.root):
         if not local and fs.exists(out.path(DONE)):
             fs.rm(out.path(DONE))  # from here the old export reads as incomplete
