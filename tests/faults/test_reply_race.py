@@ -19,7 +19,7 @@ import pytest
 from raypipe.data.output import shard_name
 from raypipe.train import replies
 from raypipe.train.replies import ReplyWriter, open_rows, run_replies
-from tests.train.conftest import SAMPLE, run_config
+from tests.train.conftest import prepare_sample, run_config
 
 pytestmark = pytest.mark.integration
 
@@ -27,14 +27,8 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def prepared_shards(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundled sample's prompt-only rows among others, prepared in small shards (several need replies)."""
-    from raypipe.data.pipeline import run_prepare
-
     root = tmp_path_factory.mktemp("reply_race")
-    (root / "src").mkdir()
-    for name, rows in (("openai", 160), ("sharegpt", 120)):
-        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
-        (root / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
-    run_prepare(run_config(root, root, "data.chunk_bytes=32768").data)
+    prepare_sample(root, 160, 120, "data.chunk_bytes=32768")
     return root
 
 

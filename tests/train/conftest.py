@@ -31,17 +31,22 @@ def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
     )
 
 
+def prepare_sample(root: Path, openai_rows: int, sharegpt_rows: int, *overrides: str) -> dict[str, Any]:
+    """The bundled sample's first rows of each format under `root/src`, prepared by the real data stage; returns the manifest."""
+    from raypipe.data.pipeline import run_prepare
+
+    (root / "src").mkdir()
+    for name, rows in (("openai", openai_rows), ("sharegpt", sharegpt_rows)):
+        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
+        (root / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    return run_prepare(run_config(root, root, *overrides).data)
+
+
 @pytest.fixture(scope="session")
 def prepared(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """400 raw rows of the bundled sample (prompt-only rows among them), prepared by the real data stage."""
-    from raypipe.data.pipeline import run_prepare
-
     root = tmp_path_factory.mktemp("train_data")
-    (root / "src").mkdir()
-    for name, rows in (("openai", 240), ("sharegpt", 160)):
-        lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
-        (root / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
-    manifest = run_prepare(run_config(root, root).data)
+    manifest = prepare_sample(root, 240, 160)
     assert manifest["counts"]["needs_response"] > 0
     return root
 

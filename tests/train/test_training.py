@@ -8,7 +8,9 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -35,6 +37,23 @@ def train(cfg):
     """As `raypipe train` does: the reply pass, then the workers."""
     run_replies(cfg)
     return run_training(cfg)
+
+
+def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
+    """Train while a thread calls `strike` every 0.2 s (up to 600 s) until it returns what it did; returns (result, that)."""
+    struck: dict = {}
+
+    def watch() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not struck:
+            struck.update(strike() or {})
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    result = train(cfg)
+    watcher.join()
+    return result, struck
 
 
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(ray_cluster: str, prepared: Path, service, tmp_path: Path) -> None:
@@ -80,23 +99,17 @@ def _all_sample_ids(cfg) -> list[str]:
 def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_once(prepared: Path, service, tmp_path: Path) -> None:
     cfg = run_config(prepared, tmp_path, "train.epochs=2", "train.checkpoint_every=8", "train.max_failures=2")
     run = Storage(cfg.train.output, {})
-    killed: dict = {}
 
-    def kill_a_worker_after_a_committed_checkpoint() -> None:
+    def kill_a_worker_after_a_committed_checkpoint() -> dict | None:
         # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes on).
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not killed:
-            segments = run.glob(f"ledger/{cfg.name}/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
-            if len(segments) >= 2:
-                first, second = run.read_json(segments[0]), run.read_json(segments[1])
-                os.kill(second["pid"], signal.SIGKILL)
-                killed.update(pid=second["pid"], committed=first["packs"][1], cursor=second["packs"][1])
-            time.sleep(0.2)
+        segments = run.glob(f"ledger/{cfg.name}/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
+        if len(segments) < 2:
+            return None
+        first, second = run.read_json(segments[0]), run.read_json(segments[1])
+        os.kill(second["pid"], signal.SIGKILL)
+        return {"pid": second["pid"], "committed": first["packs"][1], "cursor": second["packs"][1]}
 
-    killer = threading.Thread(target=kill_a_worker_after_a_committed_checkpoint)
-    killer.start()
-    result = train(cfg)
-    killer.join()
+    result, killed = train_while(cfg, kill_a_worker_after_a_committed_checkpoint)
     assert result.error is None and killed
     expected = Counter(_all_sample_ids(cfg))
     assert max(expected.values()) == 1
@@ -122,20 +135,14 @@ def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(pr
     cfg = run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6")
     run = Storage(cfg.train.output, {})
     replica = service.stats.remote().result()["pid"]
-    killed: dict = {}
 
-    def kill_the_replica_mid_epoch() -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not killed:
-            if run.exists("ledger") and run.glob(f"ledger/{cfg.name}/epoch-0000/*.json"):
-                os.kill(replica, signal.SIGKILL)
-                killed["at"] = run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")
-            time.sleep(0.2)
+    def kill_the_replica_mid_epoch() -> dict | None:
+        if not (run.exists("ledger") and run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")):
+            return None
+        os.kill(replica, signal.SIGKILL)
+        return {"at": run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")}
 
-    killer = threading.Thread(target=kill_the_replica_mid_epoch)
-    killer.start()
-    result = train(cfg)
-    killer.join()
+    result, killed = train_while(cfg, kill_the_replica_mid_epoch)
     assert result.error is None and killed
     assert service.stats.remote().result()["pid"] != replica  # Serve replaced it; the client resubmitted what was in flight
     trained = Counter(sid for seg in read_ledger(run, cfg.name, 0) for sid in seg["sample_ids"])
