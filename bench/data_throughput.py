@@ -42,7 +42,13 @@ def stage(corpus: Path, cpus: int, tag: str) -> tuple[float, dict]:
     shutil.rmtree(output, ignore_errors=True)
     cfg = load_config(
         "debug_cpu",
-        [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", f"data.num_actors={cpus}", "data.cpus_per_actor=1", "data.chunk_bytes=8388608"],
+        [
+            f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]",
+            f"data.output={output}",
+            f"data.num_actors={cpus}",
+            "data.cpus_per_actor=1",
+            "data.chunk_bytes=8388608",
+        ],
     ).data
     start = time.perf_counter()
     manifest = run_prepare(cfg)
@@ -56,7 +62,10 @@ def in_process(corpus: Path) -> tuple[float, int]:
 
     output = OUT / "prepared-inprocess"
     shutil.rmtree(output, ignore_errors=True)
-    cfg = load_config("debug_cpu", [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", "data.chunk_bytes=8388608"]).data
+    cfg = load_config(
+        "debug_cpu",
+        [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", "data.chunk_bytes=8388608"],
+    ).data
     _, spec = resolve_tokenizer(cfg)
     start = time.perf_counter()
     preparer, out, tokens = ShardPreparer(cfg, spec), PreparedOutput(cfg.output, {}), 0
@@ -105,7 +114,9 @@ def main() -> None:
 
     ti, ni = in_process(corpus)
     texts, backend, tok = rendered_texts(corpus)
-    tb, nb = time_tokenizer(lambda b: sum(len(e.ids) for e in backend.encode_batch_fast(b, add_special_tokens=False)), texts, 1024)
+    tb, nb = time_tokenizer(
+        lambda b: sum(len(e.ids) for e in backend.encode_batch_fast(b, add_special_tokens=False)), texts, 1024
+    )
     th, nh = time_tokenizer(lambda b: sum(map(len, tok(b, add_special_tokens=False)["input_ids"])), texts, 1024)
     assert nb == nh == ni == c1["tokens_tokenized"], (nb, nh, ni, c1["tokens_tokenized"])
 
@@ -125,7 +136,13 @@ def main() -> None:
         "ratio_2cpu_vs_backend": round(s2 / (nb / tb), 3),
         "ratio_without_ray_vs_backend": round(ni / ti / (nb / tb), 3),
         "scaling_2cpu_over_1cpu": round(t1 / t2, 3),
-        "wall_s": {"stage_1cpu": round(t1, 1), "stage_2cpu": round(t2, 1), "without_ray": round(ti, 1), "backend": round(tb, 1), "transformers": round(th, 1)},
+        "wall_s": {
+            "stage_1cpu": round(t1, 1),
+            "stage_2cpu": round(t2, 1),
+            "without_ray": round(ti, 1),
+            "backend": round(tb, 1),
+            "transformers": round(th, 1),
+        },
     }
     print(json.dumps(report, indent=1))
 

@@ -50,10 +50,24 @@ def main() -> None:
         time.sleep(0.5)
     wall = time.perf_counter() - start
     doc = json.loads((ROOT / "runs/demo/train/eval/eval.json").read_text())
-    stages = {p.stem: round(json.loads(p.read_text())["seconds"]) for p in sorted((ROOT / "runs/demo/train/pipeline").glob("*.json"))}
-    print(json.dumps({"exit_code": proc.returncode, "wall_s": round(wall), "peak_rss_gib": round(peak / 2**30, 2), "stage_s": stages,
-                      "tau": round(doc["tau"], 3), "offline_tau": round(doc["offline_replay"]["tau"], 3),
-                      "untrained_tau": round(doc["vllm_untrained_drafter"]["tau"], 3)}, indent=1))
+    stages = {
+        p.stem: round(json.loads(p.read_text())["seconds"])
+        for p in sorted((ROOT / "runs/demo/train/pipeline").glob("*.json"))
+    }
+    print(
+        json.dumps(
+            {
+                "exit_code": proc.returncode,
+                "wall_s": round(wall),
+                "peak_rss_gib": round(peak / 2**30, 2),
+                "stage_s": stages,
+                "tau": round(doc["tau"], 3),
+                "offline_tau": round(doc["offline_replay"]["tau"], 3),
+                "untrained_tau": round(doc["vllm_untrained_drafter"]["tau"], 3),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -49,13 +49,22 @@ def main() -> None:
     shutil.rmtree(output, ignore_errors=True)
 
     cmd = [
-        sys.executable, "jobs/prepare_data.py", "--recipe", "debug_cpu",
-        f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", "data.num_actors=2", "data.cpus_per_actor=1", "data.chunk_bytes=16777216",
+        sys.executable,
+        "jobs/prepare_data.py",
+        "--recipe",
+        "debug_cpu",
+        f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]",
+        f"data.output={output}",
+        "data.num_actors=2",
+        "data.cpus_per_actor=1",
+        "data.chunk_bytes=16777216",
     ]
     start = time.perf_counter()
     log = OUT / "full_corpus_job.log"
     with log.open("w") as sink:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"})
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"}
+        )
         ps, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:
             peak = max(peak, tree_pss(ps))

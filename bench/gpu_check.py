@@ -60,7 +60,11 @@ def use_carried_wheels() -> list[str]:
 
     class Placeholders(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-            return importlib.machinery.ModuleSpec(fullname, self, is_package=True) if fullname.split(".")[0] in missing else None
+            return (
+                importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+                if fullname.split(".")[0] in missing
+                else None
+            )
 
         def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
             module = types.ModuleType(spec.name)
@@ -131,6 +135,7 @@ def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
 def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: Any) -> dict[str, Any]:
     import numpy as np
     import torch
+    from speculators.models.dflash import DFlashDraftModel
 
     from raypipe.config import TrainConfig
     from raypipe.train.batches import DeviceFeeder, Step
@@ -138,11 +143,17 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     from raypipe.train.metrics import StepMetrics
     from raypipe.train.rows import Row
     from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
-    from speculators.models.dflash import DFlashDraftModel
 
     tc = TrainConfig(
-        output="unused", draft_layers=args.draft_layers, block_size=args.block, max_anchors=args.anchors, step_tokens=args.seq,
-        use_gpu=device.type == "cuda", strategy=strategy, mask_token_id=151_669, seed=0,
+        output="unused",
+        draft_layers=args.draft_layers,
+        block_size=args.block,
+        max_anchors=args.anchors,
+        step_tokens=args.seq,
+        use_gpu=device.type == "cuda",
+        strategy=strategy,
+        mask_token_id=151_669,
+        seed=0,
     )
     config = drafter_config(target, tc)
     torch.manual_seed(0)
@@ -150,7 +161,9 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
         drafter = DFlashDraftModel(config=config)  # random weights: the target's are not on this machine
         with torch.no_grad():
             for param in drafter.parameters():
-                if not param.requires_grad and param.dim() == 2:  # the target's embedding and heads, left empty until load_verifier_weights
+                if (
+                    not param.requires_grad and param.dim() == 2
+                ):  # the target's embedding and heads, left empty until load_verifier_weights
                     param.normal_(0.0, 0.02)
     model = place_drafter(drafter, strategy, device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -184,13 +197,24 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     sync()
     seconds = (time.perf_counter() - start) / (args.steps - args.warmup)
     flops = model_flops(
-        {"T": args.seq, "D": args.anchors * args.block, "H": hidden, "L": args.draft_layers, "q": config.transformer_layer_config.num_attention_heads * config.transformer_layer_config.head_dim,
-         "kv": config.transformer_layer_config.num_key_value_heads * config.transformer_layer_config.head_dim, "I": config.transformer_layer_config.intermediate_size,
-         "V": target.shape.vocab_size, "a": n_layers - 1, "B": args.block}
+        {
+            "T": args.seq,
+            "D": args.anchors * args.block,
+            "H": hidden,
+            "L": args.draft_layers,
+            "q": config.transformer_layer_config.num_attention_heads * config.transformer_layer_config.head_dim,
+            "kv": config.transformer_layer_config.num_key_value_heads * config.transformer_layer_config.head_dim,
+            "I": config.transformer_layer_config.intermediate_size,
+            "V": target.shape.vocab_size,
+            "a": n_layers - 1,
+            "B": args.block,
+        }
     )
     out: dict[str, Any] = {
         "strategy": strategy,
-        "attention": config.transformer_layer_config._attn_implementation if hasattr(config.transformer_layer_config, "_attn_implementation") else None,
+        "attention": config.transformer_layer_config._attn_implementation
+        if hasattr(config.transformer_layer_config, "_attn_implementation")
+        else None,
         "loss": f"{'+'.join(kwargs['loss_config'])} ({loss_implementation(tc)})",
         "step_s": seconds,
         "tokens_per_s": args.seq / seconds,
@@ -202,7 +226,11 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-        out.update(gpu=name, mfu=flops / seconds / peak if peak else None, peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30)
+        out.update(
+            gpu=name,
+            mfu=flops / seconds / peak if peak else None,
+            peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+        )
         torch.cuda.reset_peak_memory_stats(device)
     del model, drafter, optimizer, params
     if device.type == "cuda":
@@ -213,10 +241,16 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--tiny", action="store_true", help="Toy shape (the tiny Qwen3 target, 1 draft layer, block 4, 16 anchors, 256 tokens): CI.")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="Toy shape (the tiny Qwen3 target, 1 draft layer, block 4, 16 anchors, 256 tokens): CI.",
+    )
     parser.add_argument("--strategies", default="ddp,fsdp2")
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5, help="Steps left out of the timing (torch.compile of the drafter's forward).")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="Steps left out of the timing (torch.compile of the drafter's forward)."
+    )
     parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args()
     if args.tiny:
@@ -248,14 +282,28 @@ def main() -> None:
         shape = load_shape(tmp)
         target = Target("Qwen/Qwen3-8B" if not args.tiny else "tiny", tmp, shape, default_layer_ids(shape.num_layers))
         report: dict[str, Any] = {
-            "torch": torch.__version__, "device": str(device), "placeholders_for": placeholders, "layer_ids": list(target.layer_ids),
-            "shape": {"hidden": shape.hidden_size, "vocab": shape.vocab_size, "draft_layers": args.draft_layers, "block": args.block, "anchors": args.anchors, "seq": args.seq},
+            "torch": torch.__version__,
+            "device": str(device),
+            "placeholders_for": placeholders,
+            "layer_ids": list(target.layer_ids),
+            "shape": {
+                "hidden": shape.hidden_size,
+                "vocab": shape.vocab_size,
+                "draft_layers": args.draft_layers,
+                "block": args.block,
+                "anchors": args.anchors,
+                "seq": args.seq,
+            },
             "runs": [],
         }
         report["shm_to_pinned_gb_per_s"] = shm_to_pinned_rate((args.seq, len(target.layer_ids), shape.hidden_size))
         if device.type == "cuda":
             nbytes = args.seq * len(target.layer_ids) * shape.hidden_size * 2
-            report["h2d_gb_per_s"] = {"pinned": copy_rate(device, nbytes, True), "pageable": copy_rate(device, nbytes, False), "bytes_per_step": nbytes}
+            report["h2d_gb_per_s"] = {
+                "pinned": copy_rate(device, nbytes, True),
+                "pageable": copy_rate(device, nbytes, False),
+                "bytes_per_step": nbytes,
+            }
         for strategy in args.strategies.split(","):
             report["runs"].append(run_strategy(strategy, args, target, device))
             print(json.dumps(report["runs"][-1]), file=sys.stderr, flush=True)

@@ -44,7 +44,15 @@ def main() -> None:
     shutil.rmtree(OUT, ignore_errors=True)
     (OUT / "src").mkdir(parents=True)
     (OUT / "src" / "train.jsonl").write_text("\n".join(DEMO.read_text().splitlines()[: args.rows]) + "\n")
-    cfg = load_config("demo", [f"data.sources=[{{path: {OUT}/src/train.jsonl}}]", f"data.output={OUT}/prepared", f"train.output={OUT}/train", "train.reply_max_sequences=64"])
+    cfg = load_config(
+        "demo",
+        [
+            f"data.sources=[{{path: {OUT}/src/train.jsonl}}]",
+            f"data.output={OUT}/prepared",
+            f"train.output={OUT}/train",
+            "train.reply_max_sequences=64",
+        ],
+    )
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     run_prepare(cfg.data)
     passed = run_replies(cfg)
@@ -58,7 +66,10 @@ def main() -> None:
     for shard in range(len(rows.shard_files)):
         positions, shard_prompts = rows.prompts_of(shard)
         prompts += shard_prompts
-        stored += [rows.row(int(rows.offsets[shard]) + p).input_ids[len(q):].tolist() for p, q in zip(positions, shard_prompts)]
+        stored += [
+            rows.row(int(rows.offsets[shard]) + p).input_ids[len(q) :].tolist()
+            for p, q in zip(positions, shard_prompts)
+        ]
     llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
     params = SamplingParams(**reply_sampling(cfg, rows.end_of_turn_id))
     start = time.perf_counter()
@@ -67,12 +78,15 @@ def main() -> None:
     plain = [list(o.outputs[0].token_ids) for o in outputs]
     tokens = sum(map(len, plain))
     report = {
-        "prompts": len(prompts), "shards": passed["shards"], "reply_tokens": passed["tokens"],
+        "prompts": len(prompts),
+        "shards": passed["shards"],
+        "reply_tokens": passed["tokens"],
         "reply_pass_tokens_per_s": round(passed["tokens"] / passed["generating_s"], 1),
         "reply_pass_wall_s_with_engine_start": round(passed["seconds"], 1),
         "vllm_offline_tokens_per_s": round(tokens / plain_s, 1),
         "ratio": round((passed["tokens"] / passed["generating_s"]) / (tokens / plain_s), 3),
-        "replies_identical": [r[: cfg.data.max_length - len(q)] for r, q in zip(plain, prompts)] == stored,  # rows keep max_length tokens
+        "replies_identical": [r[: cfg.data.max_length - len(q)] for r, q in zip(plain, prompts)]
+        == stored,  # rows keep max_length tokens
     }
     print(json.dumps(report, indent=1))
 

@@ -64,12 +64,21 @@ def measure(case: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "row.jsonl"
         write_case(case, path)
-        cfg = DataConfig.model_validate({"sources": [{"path": str(path)}], "output": f"{tmp}/out", "tokenizer": "builtin:qwen", "chat_template": "qwen_strict"})
+        cfg = DataConfig.model_validate(
+            {
+                "sources": [{"path": str(path)}],
+                "output": f"{tmp}/out",
+                "tokenizer": "builtin:qwen",
+                "chat_template": "qwen_strict",
+            }
+        )
         _, spec = resolve_tokenizer(cfg)
         preparer = ShardPreparer(cfg, spec)
         [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)  # the whole file in one chunk, as one actor would see a line
         gc.collect()
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # return the setup's freed heap to the OS, or the case would reuse it unseen
+        ctypes.CDLL("libc.so.6").malloc_trim(
+            0
+        )  # return the setup's freed heap to the OS, or the case would reuse it unseen
         Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark to the current RSS
         base = _status("VmRSS")
         start = time.perf_counter()
@@ -79,15 +88,22 @@ def measure(case: str) -> dict:
         raw_bytes = sum(len(json.dumps(r)) for r in result.rejects)
     s = result.stats
     return {
-        "peak_mib": peak / 2**20, "seconds": seconds, "tokens_tokenized": s["tokens_tokenized"], "rows_kept": s["rows_kept"],
-        "rows_rejected": s["rows_rejected"], "rejects_by_code": s["rejects_by_code"], "reject_record_bytes": raw_bytes,
+        "peak_mib": peak / 2**20,
+        "seconds": seconds,
+        "tokens_tokenized": s["tokens_tokenized"],
+        "rows_kept": s["rows_kept"],
+        "rows_rejected": s["rows_rejected"],
+        "rejects_by_code": s["rejects_by_code"],
+        "reject_record_bytes": raw_bytes,
         "code": str(Path(raypipe.__file__).parent),
     }
 
 
 def run(case: str, code_root: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code_root), "TOKENIZERS_PARALLELISM": "false", "RAYON_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, __file__, "--child", case], cwd=code_root, env=env, capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", case], cwd=code_root, env=env, capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{case} under {code_root} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -95,14 +111,18 @@ def run(case: str, code_root: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, help="a checkout of the code before the fix (git worktree add /tmp/before_13 28289d4)")
+    parser.add_argument(
+        "--before", type=Path, help="a checkout of the code before the fix (git worktree add /tmp/before_13 28289d4)"
+    )
     parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child)))
         return
     versions = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
-    print(f"{'case':<11} {'code':<7} {'peak MiB':>9} {'seconds':>8} {'tokens tokenized':>17} {'kept':>5} {'rejected':>8} {'reject bytes':>13}  rejects by code")
+    print(
+        f"{'case':<11} {'code':<7} {'peak MiB':>9} {'seconds':>8} {'tokens tokenized':>17} {'kept':>5} {'rejected':>8} {'reject bytes':>13}  rejects by code"
+    )
     for case in CASES:
         for name, root in versions:
             r = run(case, root)

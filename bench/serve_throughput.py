@@ -56,8 +56,18 @@ def main() -> None:
     batches = make_batches(args.batches, args.seqs, args.len)
     tokens = args.batches * args.seqs * args.len
     cfg = ServeConfig(
-        model=model, layer_ids=list(LAYERS), dtype="bfloat16", max_model_len=args.len + 16, max_sequences=args.seqs, max_batch_tokens=args.seqs * args.len,
-        kv_cache_gib=2, enforce_eager=True, num_gpus=0, num_cpus=1, resource=None, canary="off",
+        model=model,
+        layer_ids=list(LAYERS),
+        dtype="bfloat16",
+        max_model_len=args.len + 16,
+        max_sequences=args.seqs,
+        max_batch_tokens=args.seqs * args.len,
+        kv_cache_gib=2,
+        enforce_eager=True,
+        num_gpus=0,
+        num_cpus=1,
+        resource=None,
+        canary="off",
     )
     buffer = torch.empty(args.len, len(LAYERS), 64, dtype=torch.bfloat16)
 
@@ -80,7 +90,9 @@ def main() -> None:
     t_inproc = asyncio.run(in_process())
 
     ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
-    handle = serve.run(HiddenStateService.options(ray_actor_options={"num_cpus": 1}).bind(cfg), name="bench", route_prefix=None)
+    handle = serve.run(
+        HiddenStateService.options(ray_actor_options={"num_cpus": 1}).bind(cfg), name="bench", route_prefix=None
+    )
     client = HiddenStateClient(handle, max_in_flight=4)
     for states in client.extract(batches[0]):
         copy_states(states, buffer)
@@ -103,7 +115,10 @@ def main() -> None:
     print(
         json.dumps(
             {
-                "batches": args.batches, "seqs_per_batch": args.seqs, "tokens_per_seq": args.len, "tokens": tokens,
+                "batches": args.batches,
+                "seqs_per_batch": args.seqs,
+                "tokens_per_seq": args.len,
+                "tokens": tokens,
                 "vllm_inprocess_tokens_per_s": round(tokens / t_inproc),
                 "vllm_serve_tokens_per_s": round(tokens / t_serve),
                 "transformers_inprocess_tokens_per_s": round(tokens / t_hf),
@@ -111,7 +126,11 @@ def main() -> None:
                 "ratio_vllm_over_transformers": round(t_hf / t_inproc, 3),
                 "bytes_through_ray_per_token": round(bytes_through_ray / tokens, 2),
                 "state_bytes_per_token": len(LAYERS) * 64 * 2,
-                "wall_s": {"vllm_inprocess": round(t_inproc, 2), "serve": round(t_serve, 2), "transformers": round(t_hf, 2)},
+                "wall_s": {
+                    "vllm_inprocess": round(t_inproc, 2),
+                    "serve": round(t_serve, 2),
+                    "transformers": round(t_hf, 2),
+                },
             },
             indent=1,
         )

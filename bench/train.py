@@ -39,7 +39,13 @@ def steady(steps: list[dict], warmup: int) -> dict[str, float]:
     step_s = sum(s["step_s"] for s in kept)
     wait_s = sum(s["wait_s"] for s in kept)
     tokens = sum(s["tokens"] for s in kept)
-    return {"steps": n, "tokens_per_s": tokens / step_s, "step_s": step_s / n, "compute_s": (step_s - wait_s) / n, "wait_fraction": wait_s / step_s}
+    return {
+        "steps": n,
+        "tokens_per_s": tokens / step_s,
+        "step_s": step_s / n,
+        "compute_s": (step_s - wait_s) / n,
+        "wait_fraction": wait_s / step_s,
+    }
 
 
 def plain_loop(cfg, steps: int) -> list[dict]:
@@ -51,16 +57,20 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     from raypipe.target import resolve_target
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.step import make_optimizer, precision, train_step
     from raypipe.train.plan import lr_factor, plan_epoch
     from raypipe.train.rows import PreparedRows
     from raypipe.train.states import StateCache, stream_states
+    from raypipe.train.step import make_optimizer, precision, train_step
 
     tc = cfg.train
     target = resolve_target(cfg.serve)
-    rows = PreparedRows(PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length)
+    rows = PreparedRows(
+        PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length
+    )
     rows.load_replies()
-    plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
+    plan = plan_epoch(
+        rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
+    )
     model = build_drafter(target, tc)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, tc.lr, tc.weight_decay)
@@ -72,11 +82,20 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     torch.manual_seed(tc.seed * 1_000_003)
     out = []
     tick = time.perf_counter()
-    for step, (pack, states) in enumerate(zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)), 1):
+    for step, (pack, states) in enumerate(
+        zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)), 1
+    ):
         waited = time.perf_counter() - tick
         batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
         train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
-        out.append({"step": step, "tokens": float(batch["input_ids"].shape[1]), "wait_s": waited, "step_s": time.perf_counter() - tick})
+        out.append(
+            {
+                "step": step,
+                "tokens": float(batch["input_ids"].shape[1]),
+                "wait_s": waited,
+                "step_s": time.perf_counter() - tick,
+            }
+        )
         tick = time.perf_counter()
     return out
 
@@ -90,9 +109,13 @@ def extraction_alone(cfg, handle, steps: int) -> float:
     from raypipe.train.rows import PreparedRows
 
     tc = cfg.train
-    rows = PreparedRows(PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length)
+    rows = PreparedRows(
+        PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length
+    )
     rows.load_replies()
-    plan = plan_epoch(rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens)
+    plan = plan_epoch(
+        rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
+    )
     batches = [[rows.row(int(i)).input_ids.tolist() for i in plan.packs[s]] for s in range(steps)]
     client = HiddenStateClient(handle, max_in_flight=tc.prefetch)
     list(client.stream(batches[:4]))  # warm-up
@@ -112,7 +135,9 @@ def _on_core_1() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=400, help="Raw rows from the bundled sample (60%% openai, 40%% sharegpt).")
+    parser.add_argument(
+        "--rows", type=int, default=400, help="Raw rows from the bundled sample (60%% openai, 40%% sharegpt)."
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
@@ -125,8 +150,8 @@ def main() -> None:
     from raypipe.data.pipeline import run_prepare
     from raypipe.serve.deployment import APP_NAME, build_app
     from raypipe.storage import Storage
-    from raypipe.train.ledger import read_ledger
     from raypipe.train.launcher import latest_checkpoint, run_training
+    from raypipe.train.ledger import read_ledger
     from raypipe.train.replies import run_replies
 
     shutil.rmtree(OUT, ignore_errors=True)
@@ -139,17 +164,32 @@ def main() -> None:
         return load_config(
             "debug_cpu",
             [
-                f"name={name}", f"data.sources=[{{path: {OUT}/src/*.jsonl}}]", f"data.output={OUT}/prepared", "data.max_length=512",
-                "serve.max_model_len=1024", f"train.output={OUT}/run", f"train.cache={OUT}/cache", f"train.hidden_states={mode}",
-                "train.step_tokens=512", "train.max_anchors=16", "train.reply_max_tokens=16", "train.num_workers=1",
-                f"train.max_steps={args.steps}", "train.epochs=1", "train.checkpoint_every=1000000", "train.log_every=1",
+                f"name={name}",
+                f"data.sources=[{{path: {OUT}/src/*.jsonl}}]",
+                f"data.output={OUT}/prepared",
+                "data.max_length=512",
+                "serve.max_model_len=1024",
+                f"train.output={OUT}/run",
+                f"train.cache={OUT}/cache",
+                f"train.hidden_states={mode}",
+                "train.step_tokens=512",
+                "train.max_anchors=16",
+                "train.reply_max_tokens=16",
+                "train.num_workers=1",
+                f"train.max_steps={args.steps}",
+                "train.epochs=1",
+                "train.checkpoint_every=1000000",
+                "train.log_every=1",
             ],
         )
 
     # The engine and the trainer on separate cores: vLLM binds its compute threads to core 0, every other
     # process (Ray workers, so the Train worker; this driver, for the plain loop) runs on core 1, one thread each.
     os.sched_setaffinity(0, {1})
-    runtime_env = {"worker_process_setup_hook": _on_core_1, "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"}}
+    runtime_env = {
+        "worker_process_setup_hook": _on_core_1,
+        "env_vars": {"VLLM_CPU_OMP_THREADS_BIND": "0", "OMP_NUM_THREADS": "1"},
+    }
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", runtime_env=runtime_env)
     run_prepare(config("fill", "hybrid").data)
     handle = serve.run(build_app(config("fill", "hybrid").serve), name=APP_NAME, route_prefix=None)

@@ -52,7 +52,9 @@ def main() -> None:
     class States:
         def __init__(self) -> None:
             self.dir = replica_dir()
-            self.template = write_states(self.dir, "template", torch.randn(T, LAYERS, HIDDEN).to(torch.bfloat16), list(range(T)))
+            self.template = write_states(
+                self.dir, "template", torch.randn(T, LAYERS, HIDDEN).to(torch.bfloat16), list(range(T))
+            )
             self.n = 0
 
         def _file(self) -> str:
@@ -99,7 +101,10 @@ def main() -> None:
 
     def memcpy() -> float:
         """One thread, the same bytes, into the same buffer, from a warm source."""
-        src, dst = np.random.default_rng(0).integers(0, 2**16, nbytes // 2, dtype=np.uint16), buffer.view(torch.int16).numpy().reshape(-1)
+        src, dst = (
+            np.random.default_rng(0).integers(0, 2**16, nbytes // 2, dtype=np.uint16),
+            buffer.view(torch.int16).numpy().reshape(-1),
+        )
         np.copyto(dst, src.view(np.int16))
         start = time.perf_counter()
         for _ in range(args.rows):
@@ -115,12 +120,19 @@ def main() -> None:
     ray.shutdown()
     leftover = [str(p) for p in Path("/dev/shm").glob("raypipe-states-*/**/*.safetensors") if "template" not in p.name]
     reclaim_orphans()  # the stopped replica's directory (its template file)
-    print(json.dumps({
-        "rows": args.rows, "bytes_per_row": nbytes, "bytes_per_token": nbytes // T,
-        "gb_per_s": {k: round(v / 1e9, 3) for k, v in rates.items()},
-        "ratio_to_memcpy": {k: round(v / rates["memcpy_1_thread"], 3) for k, v in rates.items()},
-        "leftover_files": leftover,
-    }, indent=1))
+    print(
+        json.dumps(
+            {
+                "rows": args.rows,
+                "bytes_per_row": nbytes,
+                "bytes_per_token": nbytes // T,
+                "gb_per_s": {k: round(v / 1e9, 3) for k, v in rates.items()},
+                "ratio_to_memcpy": {k: round(v / rates["memcpy_1_thread"], 3) for k, v in rates.items()},
+                "leftover_files": leftover,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.recipe, args.overrides)
     _connect_ray()
     manifest = run_prepare(cfg.data)
-    print(json.dumps({"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]}, indent=1))
+    print(
+        json.dumps(
+            {"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]}, indent=1
+        )
+    )
     return 0
 
 
@@ -36,7 +40,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.recipe, args.overrides)
     _connect_ray()
-    print(f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states (health, stats, canary)", flush=True)
+    print(
+        f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states (health, stats, canary)",
+        flush=True,
+    )
     run_service(cfg.serve, blocking=True)
     return 0
 
@@ -58,7 +65,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
     doc = export_drafter(cfg)
-    print(json.dumps({"metrics": result.metrics, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]}, indent=1))
+    print(
+        json.dumps(
+            {"metrics": result.metrics, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]},
+            indent=1,
+        )
+    )
     return 0
 
 
@@ -79,10 +91,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _connect_ray()
     doc = run_evaluation(cfg)
     for g in doc["vllm"]:
-        print(f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
-              f"{g['tokens_per_s']:.0f} tokens/s ({g['speedup']:.2f}x without the drafter)")
-    print(f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; offline replay τ {doc['offline_replay']['tau']:.2f}; "
-          f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}")
+        print(
+            f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
+            f"{g['tokens_per_s']:.0f} tokens/s ({g['speedup']:.2f}x without the drafter)"
+        )
+    print(
+        f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; offline replay τ {doc['offline_replay']['tau']:.2f}; "
+        f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}"
+    )
     print(f"[eval] report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
     return 0
 
@@ -95,9 +111,15 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     _connect_ray()
     done = run_pipeline(cfg)
     ev, tr = done["eval"], done["train"]
-    where = "in vLLM (temperature 0)" if ev.get("tau_method", "vllm") == "vllm" else "from the offline replay: vLLM refused the drafter, see eval.json"
-    print(f"[pipeline] {cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
-          + (" — an estimate DISAGREES with vLLM, see eval.json" if ev["disagreement"] else ""))
+    where = (
+        "in vLLM (temperature 0)"
+        if ev.get("tau_method", "vllm") == "vllm"
+        else "from the offline replay: vLLM refused the drafter, see eval.json"
+    )
+    print(
+        f"[pipeline] {cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
+        + (" — an estimate DISAGREES with vLLM, see eval.json" if ev["disagreement"] else "")
+    )
     print(f"[pipeline] drafter:   {done['export']['drafter']}")
     print(f"[pipeline] eval.json: {ev['output']}/eval.json")
     print(f"[pipeline] plots:     {', '.join(ev['plots'])}")
@@ -122,20 +144,34 @@ def build_parser() -> argparse.ArgumentParser:
         ("serve", "Run the hidden-state service (Ray Serve + vLLM) until stopped.", cmd_serve),
         ("train", "Train the DFlash drafter on Ray Train, fed by the service; exports it at the end.", cmd_train),
         ("export", "Write the latest checkpoint's drafter as a directory vLLM loads (dflash).", cmd_export),
-        ("eval", "Measure the exported drafter's acceptance in vLLM beside the offline and training estimates.", cmd_eval),
-        ("pipeline", "Prepare, serve, train, export and evaluate in one job; a re-run skips finished stages.", cmd_pipeline),
+        (
+            "eval",
+            "Measure the exported drafter's acceptance in vLLM beside the offline and training estimates.",
+            cmd_eval,
+        ),
+        (
+            "pipeline",
+            "Prepare, serve, train, export and evaluate in one job; a re-run skips finished stages.",
+            cmd_pipeline,
+        ),
     ]
     for name, help_text, func in recipe_commands:
         command = sub.add_parser(name, help=help_text)
-        command.add_argument("--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file.")
+        command.add_argument(
+            "--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file."
+        )
         if name == "export":
-            command.add_argument("--output", default=None, help="Export directory or URL; default: {train.output}/drafter.")
+            command.add_argument(
+                "--output", default=None, help="Export directory or URL; default: {train.output}/drafter."
+            )
         command.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
         command.set_defaults(func=func)
 
     corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
     corpus.add_argument("--output", required=True, help="Output directory.")
-    corpus.add_argument("--samples", type=int, default=913_786, help="Number of samples; categories scale proportionally.")
+    corpus.add_argument(
+        "--samples", type=int, default=913_786, help="Number of samples; categories scale proportionally."
+    )
     corpus.add_argument("--seed", type=int, default=0)
     corpus.set_defaults(func=cmd_corpus)
     return parser

@@ -34,7 +34,9 @@ def redact(doc: Any) -> Any:
 def _redact(doc: Any, options: bool) -> Any:
     if isinstance(doc, dict):
         return {
-            k: REDACTED if options and any(n in str(k).lower() for n in _SECRET_NAMES) else _redact(v, options or k == "storage_options")
+            k: REDACTED
+            if options and any(n in str(k).lower() for n in _SECRET_NAMES)
+            else _redact(v, options or k == "storage_options")
             for k, v in doc.items()
         }
     if isinstance(doc, list):
@@ -56,7 +58,9 @@ class SourceConfig(_Strict):
     """One input dataset: a path or glob on any fsspec filesystem."""
 
     path: str = Field(description="Local path, glob or URL (s3://, gs://) of JSONL, JSONL.gz or Parquet files.")
-    name: str | None = Field(default=None, description="Dataset name written to the `source` column; default: the file stem of the glob.")
+    name: str | None = Field(
+        default=None, description="Dataset name written to the `source` column; default: the file stem of the glob."
+    )
     format: Literal["auto", "openai", "sharegpt", "alpaca"] = Field(
         default="auto", description="Input format; `auto` detects it per row from its keys."
     )
@@ -78,22 +82,36 @@ class DataConfig(_Strict):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3."
     )
-    tokenizer: str = Field(description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / Hugging Face id.")
+    tokenizer: str = Field(
+        description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / Hugging Face id."
+    )
     chat_template: str | None = Field(
         default=None,
         description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the tokenizer's own.",
     )
-    enable_thinking: bool = Field(default=False, description="Passed to the template; with false the generation prompt ends in an empty think block.")
-    end_of_turn: str | None = Field(
-        default=None, description="The special token that ends an assistant turn (supervised, and where replies stop); default: probed from the template, never the tokenizer's eos."
+    enable_thinking: bool = Field(
+        default=False,
+        description="Passed to the template; with false the generation prompt ends in an empty think block.",
     )
-    placeholder_reply: str = Field(default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on.")
+    end_of_turn: str | None = Field(
+        default=None,
+        description="The special token that ends an assistant turn (supervised, and where replies stop); default: probed from the template, never the tokenizer's eos.",
+    )
+    placeholder_reply: str = Field(
+        default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on."
+    )
     max_length: int = Field(default=3072, gt=0, description="Maximum tokens per row.")
     overlength: Literal["truncate", "reject"] = Field(
         default="truncate", description="Rows over max_length: keep the first max_length tokens, or reject the row."
     )
-    max_row_bytes: int = Field(default=8 << 20, gt=0, description="Raw input rows larger than this are rejected unparsed.")
-    chunk_bytes: int = Field(default=16 << 20, gt=0, description="Input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one shard).")
+    max_row_bytes: int = Field(
+        default=8 << 20, gt=0, description="Raw input rows larger than this are rejected unparsed."
+    )
+    chunk_bytes: int = Field(
+        default=16 << 20,
+        gt=0,
+        description="Input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one shard).",
+    )
     batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
     num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
     cpus_per_actor: float = Field(default=1.0, gt=0, description="Logical CPUs reserved per actor.")
@@ -116,36 +134,60 @@ class DataConfig(_Strict):
 class ServeConfig(_Strict):
     """Stage 2: the hidden-state service (Ray Serve replicas hosting the target)."""
 
-    engine: Literal["vllm", "transformers"] = Field(default="vllm", description="vLLM (production) or transformers (reference).")
-    model: str = Field(description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured chat), both built locally, or a path / Hugging Face id.")
+    engine: Literal["vllm", "transformers"] = Field(
+        default="vllm", description="vLLM (production) or transformers (reference)."
+    )
+    model: str = Field(
+        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured chat), both built locally, or a path / Hugging Face id."
+    )
     layer_ids: list[int] | None = Field(
-        default=None, description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux layers and the last."
+        default=None,
+        description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux layers and the last.",
     )
     dtype: str = Field(default="auto", description="Engine dtype (auto, bfloat16, float32).")
     max_model_len: int = Field(default=4096, gt=0, description="Longest sequence a request may carry.")
     max_sequences: int = Field(default=64, gt=0, description="Most sequences in one request.")
-    max_batch_tokens: int = Field(default=16384, gt=0, description="Most tokens in one request (the engine batches requests continuously).")
+    max_batch_tokens: int = Field(
+        default=16384, gt=0, description="Most tokens in one request (the engine batches requests continuously)."
+    )
     tensor_parallel_size: int = Field(default=1, gt=0, description="vLLM tensor parallelism per replica.")
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1, description="vLLM's share of each GPU's memory (GPUs only; on CPU set kv_cache_gib).")
+    gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="vLLM's share of each GPU's memory (GPUs only; on CPU set kv_cache_gib)."
+    )
     kv_cache_gib: float | None = Field(
-        default=None, gt=0,
+        default=None,
+        gt=0,
         description="vLLM's KV cache per engine in GiB, instead of gpu_memory_utilization. Required on CPU (num_gpus: 0), where a "
         "utilization is a share of one NUMA node's memory, minus the engine's own RSS.",
     )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (required on CPU).")
     num_gpus: float = Field(default=1.0, ge=0, description="GPUs per replica (tensor_parallel_size for vLLM on GPUs).")
     num_cpus: float = Field(default=1.0, gt=0, description="CPUs per replica.")
-    resource: str | None = Field(default="serve_gpu", description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): it places them on the Serve node type, apart from Train GPUs.")
+    resource: str | None = Field(
+        default="serve_gpu",
+        description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): it places them on the Serve node type, apart from Train GPUs.",
+    )
     min_replicas: int = Field(default=1, ge=0, description="Autoscaling lower bound.")
     max_replicas: int = Field(default=1, gt=0, description="Autoscaling upper bound.")
-    target_ongoing_requests: float = Field(default=4, gt=0, description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are added.")
-    upscale_delay_s: float = Field(default=30.0, ge=0, description="Backlog above target this long before a replica is added.")
-    downscale_delay_s: float = Field(default=600.0, ge=0, description="Backlog below target this long before a replica is removed.")
+    target_ongoing_requests: float = Field(
+        default=4,
+        gt=0,
+        description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are added.",
+    )
+    upscale_delay_s: float = Field(
+        default=30.0, ge=0, description="Backlog above target this long before a replica is added."
+    )
+    downscale_delay_s: float = Field(
+        default=600.0, ge=0, description="Backlog below target this long before a replica is removed."
+    )
     max_ongoing_requests: int = Field(default=32, gt=0, description="Requests a replica accepts at once.")
     canary: Literal["refuse", "warn", "off"] = Field(
-        default="refuse", description="Parity canary against transformers at start-up: refuse to serve on mismatch, only warn, or skip."
+        default="refuse",
+        description="Parity canary against transformers at start-up: refuse to serve on mismatch, only warn, or skip.",
     )
-    http_host: str = Field(default="127.0.0.1", description="HTTP ingress host (health, canary, stats); loopback unless set.")
+    http_host: str = Field(
+        default="127.0.0.1", description="HTTP ingress host (health, canary, stats); loopback unless set."
+    )
     http_port: int = Field(default=8000, gt=0, lt=65536, description="HTTP ingress port.")
 
     @model_validator(mode="after")
@@ -161,63 +203,129 @@ class ServeConfig(_Strict):
 class TrainConfig(_Strict):
     """Stage 3: the DFlash drafter trained on Ray Train workers, fed by the service (defaults: the DFlash paper)."""
 
-    output: str = Field(description="Run directory (local or URL, s3:// included): checkpoints, replies, ledger, export.")
-    storage_options: dict[str, Any] = Field(default_factory=dict, description="fsspec options for an output URL, as data.storage_options.")
+    output: str = Field(
+        description="Run directory (local or URL, s3:// included): checkpoints, replies, ledger, export."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec options for an output URL, as data.storage_options."
+    )
     draft_layers: int = Field(default=5, gt=0, description="Decoder layers of the drafter.")
-    block_size: int = Field(default=16, ge=2, description="Tokens per draft block (the drafter proposes block_size - 1).")
+    block_size: int = Field(
+        default=16, ge=2, description="Tokens per draft block (the drafter proposes block_size - 1)."
+    )
     max_anchors: int = Field(default=512, gt=0, description="Random anchor positions per packed sequence.")
-    loss_decay_gamma: float = Field(default=7.0, gt=0, description="Position decay of the loss (7 at block 16 in the paper).")
-    mask_token_id: int | None = Field(default=None, description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the target's vocabulary.")
+    loss_decay_gamma: float = Field(
+        default=7.0, gt=0, description="Position decay of the loss (7 at block 16 in the paper)."
+    )
+    mask_token_id: int | None = Field(
+        default=None,
+        description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the target's vocabulary.",
+    )
     epochs: int = Field(default=6, gt=0, description="Passes over the prepared data.")
-    max_steps: int | None = Field(default=None, gt=0, description="Stop after this many optimizer steps (short runs, benchmarks); default: all epochs.")
+    max_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Stop after this many optimizer steps (short runs, benchmarks); default: all epochs.",
+    )
     step_tokens: int = Field(default=8192, gt=0, description="Token budget of one packed sequence per worker and step.")
-    shuffle_window: int = Field(default=4, gt=0, description="Prepared shards whose rows are shuffled together (a window is read at a time).")
+    shuffle_window: int = Field(
+        default=4, gt=0, description="Prepared shards whose rows are shuffled together (a window is read at a time)."
+    )
     lr: float = Field(default=6e-4, gt=0, description="Peak AdamW learning rate.")
-    warmup_ratio: float = Field(default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay.")
+    warmup_ratio: float = Field(
+        default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay."
+    )
     weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
     grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
     max_nonfinite_steps: int = Field(
-        default=8, gt=0, description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops (checked at each log)."
+        default=8,
+        gt=0,
+        description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops (checked at each log).",
     )
     seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
     hidden_states: Literal["online", "offline", "hybrid"] = Field(
-        default="online", description="From the service (nothing stored), from the cache only, or cache hit else the service."
+        default="online",
+        description="From the service (nothing stored), from the cache only, or cache hit else the service.",
     )
     cache: str | None = Field(default=None, description="Hidden-state cache URL (offline, hybrid).")
-    store_misses: bool = Field(default=True, description="In hybrid mode, store states fetched from the service in the cache.")
-    prefetch: int = Field(default=4, gt=0, description="Steps whose hidden states are requested ahead of the step that needs them.")
-    reply_temperature: float = Field(default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows.")
+    store_misses: bool = Field(
+        default=True, description="In hybrid mode, store states fetched from the service in the cache."
+    )
+    prefetch: int = Field(
+        default=4, gt=0, description="Steps whose hidden states are requested ahead of the step that needs them."
+    )
+    reply_temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows."
+    )
     reply_max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
-    reply_max_sequences: int = Field(default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching).")
+    reply_max_sequences: int = Field(
+        default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching)."
+    )
     reply_timeout_s: float = Field(
-        default=3600.0, gt=0, description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass fails naming it."
+        default=3600.0,
+        gt=0,
+        description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass fails naming it.",
     )
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
-    cpus_per_worker: float = Field(default=1.0, gt=0, description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.")
-    resource: str | None = Field(default="train_gpu", description="Custom resource each worker takes one unit of: it places them on the Train node type, apart from Serve GPUs.")
-    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(default="PACK", description="Placement group strategy of the workers.")
-    strategy: Literal["ddp", "fsdp2"] = Field(default="ddp", description="Data parallelism: DDP replicas, or FSDP2 sharding for large drafters.")
+    cpus_per_worker: float = Field(
+        default=1.0,
+        gt=0,
+        description="Logical CPUs per worker; fractional on small CPU machines so Ray Data is not starved.",
+    )
+    resource: str | None = Field(
+        default="train_gpu",
+        description="Custom resource each worker takes one unit of: it places them on the Train node type, apart from Serve GPUs.",
+    )
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        default="PACK", description="Placement group strategy of the workers."
+    )
+    strategy: Literal["ddp", "fsdp2"] = Field(
+        default="ddp", description="Data parallelism: DDP replicas, or FSDP2 sharding for large drafters."
+    )
     attention: Literal["auto", "sdpa", "eager", "simple_flex_attention"] = Field(
-        default="auto", description="Drafter attention; auto: flex attention on GPU, sdpa on CPU (flex has no CPU backward)."
+        default="auto",
+        description="Drafter attention; auto: flex attention on GPU, sdpa on CPU (flex has no CPU backward).",
     )
-    log_every: int = Field(default=10, gt=0, description="Steps between metric reductions (one collective and one host sync each), progress lines and metric updates.")
-    checkpoint_every: int = Field(default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end).")
+    log_every: int = Field(
+        default=10,
+        gt=0,
+        description="Steps between metric reductions (one collective and one host sync each), progress lines and metric updates.",
+    )
+    checkpoint_every: int = Field(
+        default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end)."
+    )
     keep_checkpoints: int = Field(
-        default=2, gt=0, description="Checkpoints kept by score (lowest mean training loss of their interval; export takes the best), beside the latest, always kept."
+        default=2,
+        gt=0,
+        description="Checkpoints kept by score (lowest mean training loss of their interval; export takes the best), beside the latest, always kept.",
     )
-    max_failures: int = Field(default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails.")
+    max_failures: int = Field(
+        default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails."
+    )
 
 
 class EvalConfig(_Strict):
     """Stage 4: acceptance of the exported drafter measured in vLLM, beside the offline and training estimates."""
 
-    prompts: str = Field(description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn is dropped, the rest is the prompt.")
+    prompts: str = Field(
+        description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn is dropped, the rest is the prompt."
+    )
     num_prompts: int = Field(default=100, gt=0, description="Prompts evaluated (the first ones of the file).")
     max_tokens: int = Field(default=256, gt=0, description="Longest generated reply.")
-    temperatures: list[float] = Field(default=[0.0, 1.0], min_length=1, description="Sampling temperatures measured; the offline replay covers temperature 0.")
-    threshold: float = Field(default=0.15, gt=0, description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a disagreement.")
-    output: str | None = Field(default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval.")
+    temperatures: list[float] = Field(
+        default=[0.0, 1.0],
+        min_length=1,
+        description="Sampling temperatures measured; the offline replay covers temperature 0.",
+    )
+    threshold: float = Field(
+        default=0.15,
+        gt=0,
+        description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a disagreement.",
+    )
+    output: str | None = Field(
+        default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval."
+    )
 
     @field_validator("temperatures")
     @classmethod
@@ -241,9 +349,13 @@ class RaypipeConfig(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> RaypipeConfig:
         if self.data.max_length > self.train.step_tokens:
-            raise ValueError(f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length ({self.data.max_length})")
+            raise ValueError(
+                f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length ({self.data.max_length})"
+            )
         if self.data.max_length > self.serve.max_model_len:
-            raise ValueError(f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length ({self.data.max_length})")
+            raise ValueError(
+                f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length ({self.data.max_length})"
+            )
         if self.train.hidden_states != "online" and not self.train.cache:
             raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")
         return self
@@ -257,7 +369,9 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
         last = i == len(keys) - 1
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
-                raise ValueError(f"override {dotted!r}: {'.'.join(keys[:i]) or 'root'} is a list of {len(node)}, {key!r} is not an index in it")
+                raise ValueError(
+                    f"override {dotted!r}: {'.'.join(keys[:i]) or 'root'} is a list of {len(node)}, {key!r} is not an index in it"
+                )
             key = int(key)
         elif not isinstance(node, dict):
             raise ValueError(f"override {dotted!r}: {'.'.join(keys[:i])} is not a section")

@@ -17,7 +17,13 @@ from pydantic_core import PydanticUndefined
 from raypipe.config import DataConfig, EvalConfig, ServeConfig, SourceConfig, TrainConfig
 from raypipe.dashboard import PANELS
 
-SECTIONS = (("data", DataConfig), ("data.sources[]", SourceConfig), ("serve", ServeConfig), ("train", TrainConfig), ("eval", EvalConfig))
+SECTIONS = (
+    ("data", DataConfig),
+    ("data.sources[]", SourceConfig),
+    ("serve", ServeConfig),
+    ("train", TrainConfig),
+    ("eval", EvalConfig),
+)
 
 
 def _default(field: object) -> str:

@@ -87,7 +87,10 @@ class StageLog:
         return record if record["fingerprint"] == self.fingerprint(stage) else None
 
     def mark(self, stage: str, seconds: float, summary: dict[str, Any]) -> None:
-        self.storage.write_json(f"{stage}.json", {"stage": stage, "fingerprint": self.fingerprint(stage), "seconds": seconds, "summary": summary})
+        self.storage.write_json(
+            f"{stage}.json",
+            {"stage": stage, "fingerprint": self.fingerprint(stage), "seconds": seconds, "summary": summary},
+        )
 
 
 def _train(cfg: RaypipeConfig) -> dict[str, Any]:
@@ -115,7 +118,11 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
             serve.delete(APP_NAME)  # its CPUs or GPUs go back to the evaluation (and the autoscaler)
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
-    return {"canary": canary, "replies": replies, **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics}}
+    return {
+        "canary": canary,
+        "replies": replies,
+        **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics},
+    }
 
 
 def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:

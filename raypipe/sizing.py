@@ -58,7 +58,10 @@ def _cache_bytes(target: Target, tp: int) -> tuple[int, int]:
     linear = len(kinds) - full
     if not linear:
         return per_token, 0
-    conv_dim = 2 * text.linear_num_key_heads * text.linear_key_head_dim + text.linear_num_value_heads * text.linear_value_head_dim
+    conv_dim = (
+        2 * text.linear_num_key_heads * text.linear_key_head_dim
+        + text.linear_num_value_heads * text.linear_value_head_dim
+    )
     recurrent = text.linear_num_value_heads * text.linear_key_head_dim * text.linear_value_head_dim * 4
     conv = conv_dim * (text.linear_conv_kernel_dim - 1) * 2
     return per_token, linear * (recurrent + conv) // tp
@@ -79,7 +82,9 @@ class Sizing:
     train_bytes_per_gpu: int
 
     def summary(self) -> dict[str, Any]:
-        return {k: (round(v / GIB, 2) if k.endswith(("per_gpu", "per_sequence")) else v) for k, v in self.__dict__.items()}
+        return {
+            k: (round(v / GIB, 2) if k.endswith(("per_gpu", "per_sequence")) else v) for k, v in self.__dict__.items()
+        }
 
 
 def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Sizing:

@@ -28,7 +28,9 @@ def resolve_model(model: str) -> str:
     """The directory (or hub id) of a target: `builtin:` targets are built locally on each node, deterministically."""
     if model not in BUILTIN_TARGETS:
         if model.startswith("builtin:"):
-            raise ValueError(f"serve.model: unknown builtin target {model!r}; choose one of {', '.join(BUILTIN_TARGETS)} or give a path / Hugging Face id")
+            raise ValueError(
+                f"serve.model: unknown builtin target {model!r}; choose one of {', '.join(BUILTIN_TARGETS)} or give a path / Hugging Face id"
+            )
         return model
     from raypipe.assets.qwen_vocab import cache_root
 

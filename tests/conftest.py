@@ -17,15 +17,28 @@ from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E40
 
 
 def data_config(**overrides: Any) -> DataConfig:
-    base: dict[str, Any] = {"sources": [{"path": "unused"}], "output": "unused", "tokenizer": "builtin:qwen", "chat_template": "qwen_strict"}
+    base: dict[str, Any] = {
+        "sources": [{"path": "unused"}],
+        "output": "unused",
+        "tokenizer": "builtin:qwen",
+        "chat_template": "qwen_strict",
+    }
     return DataConfig.model_validate({**base, **overrides})
 
 
 def serve_config(model: str, **overrides: Any) -> ServeConfig:
     """A service config for CPU tests: no GPU, no custom resource, a 1 GiB KV cache, small limits."""
     base: dict[str, Any] = {
-        "model": model, "dtype": "float32", "max_model_len": 256, "max_sequences": 8, "max_batch_tokens": 2048,
-        "num_gpus": 0, "num_cpus": 0.5, "resource": None, "kv_cache_gib": 1, "enforce_eager": True,
+        "model": model,
+        "dtype": "float32",
+        "max_model_len": 256,
+        "max_sequences": 8,
+        "max_batch_tokens": 2048,
+        "num_gpus": 0,
+        "num_cpus": 0.5,
+        "resource": None,
+        "kv_cache_gib": 1,
+        "enforce_eager": True,
     }
     return ServeConfig.model_validate({**base, **overrides})
 
@@ -77,7 +90,9 @@ def ray_cluster() -> Iterator[str]:
     import ray
 
     port = free_port()
-    ray.init(address="local", num_cpus=4, logging_level="WARNING", include_dashboard=True, _metrics_export_port=port)  # Ray Train checks its controller through the state API
+    ray.init(
+        address="local", num_cpus=4, logging_level="WARNING", include_dashboard=True, _metrics_export_port=port
+    )  # Ray Train checks its controller through the state API
     yield f"http://127.0.0.1:{port}/metrics"
     ray.shutdown()
 
@@ -106,7 +121,9 @@ def s3_server() -> Iterator[dict[str, Any]]:
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test").create_bucket(Bucket="raypipe")
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="test", aws_secret_access_key="test"
+    ).create_bucket(Bucket="raypipe")
     yield {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     server.stop()
 

@@ -29,7 +29,12 @@ BIN = Path(sys.executable).parent
 
 class LocalCluster:
     def __init__(
-        self, root: Path, head_cpus: float, node_types: dict[str, Any] | None = None, idle_timeout_minutes: float = 0.5, auth: dict[str, str] | None = None
+        self,
+        root: Path,
+        head_cpus: float,
+        node_types: dict[str, Any] | None = None,
+        idle_timeout_minutes: float = 0.5,
+        auth: dict[str, str] | None = None,
     ) -> None:
         self.root = root
         self.auth = auth or {"RAY_AUTH_MODE": "disabled"}
@@ -49,14 +54,35 @@ class LocalCluster:
     def _autoscaling_config(self) -> Path:
         gcs = f"{_node_ip()}:{self.gcs_port}"
         config = {
-            "cluster_name": "fake", "max_workers": sum(t["max_workers"] for t in self.node_types.values()),
-            "provider": {"type": "fake_multinode", "use_node_id_as_ip": True, "disable_node_updaters": True,
-                         "disable_launch_config_check": True, "gcs_address": gcs},
-            "available_node_types": {"ray.head.default": {"resources": {"CPU": self.head_cpus}, "node_config": {}, "max_workers": 0}, **self.node_types},
-            "head_node_type": "ray.head.default", "auth": {}, "upscaling_speed": 1.0, "idle_timeout_minutes": self.idle_timeout_minutes, "docker": {},
-            "initialization_commands": [], "setup_commands": [], "head_setup_commands": [], "worker_setup_commands": [],
-            "head_start_ray_commands": [], "worker_start_ray_commands": [], "file_mounts": {}, "cluster_synced_files": [],
-            "file_mounts_sync_continuously": False, "rsync_exclude": [], "rsync_filter": [],
+            "cluster_name": "fake",
+            "max_workers": sum(t["max_workers"] for t in self.node_types.values()),
+            "provider": {
+                "type": "fake_multinode",
+                "use_node_id_as_ip": True,
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+                "gcs_address": gcs,
+            },
+            "available_node_types": {
+                "ray.head.default": {"resources": {"CPU": self.head_cpus}, "node_config": {}, "max_workers": 0},
+                **self.node_types,
+            },
+            "head_node_type": "ray.head.default",
+            "auth": {},
+            "upscaling_speed": 1.0,
+            "idle_timeout_minutes": self.idle_timeout_minutes,
+            "docker": {},
+            "initialization_commands": [],
+            "setup_commands": [],
+            "head_setup_commands": [],
+            "worker_setup_commands": [],
+            "head_start_ray_commands": [],
+            "worker_start_ray_commands": [],
+            "file_mounts": {},
+            "cluster_synced_files": [],
+            "file_mounts_sync_continuously": False,
+            "rsync_exclude": [],
+            "rsync_filter": [],
         }
         path = self.root / "autoscaling.json"
         path.write_text(json.dumps(config))
@@ -66,10 +92,21 @@ class LocalCluster:
         self.root.mkdir(parents=True, exist_ok=True)
         ports = [free_port() for _ in range(5)]
         cmd = [
-            str(BIN / "ray"), "start", "--head", f"--port={self.gcs_port}", f"--temp-dir={self.temp_dir}", f"--num-cpus={self.head_cpus}",
-            "--include-dashboard=true", "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-            f"--metrics-export-port={self.metrics_port}", f"--ray-client-server-port={ports[0]}", f"--dashboard-agent-listen-port={ports[1]}",
-            f"--dashboard-agent-grpc-port={ports[2]}", f"--runtime-env-agent-port={ports[3]}", f"--node-manager-port={ports[4]}",
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            f"--port={self.gcs_port}",
+            f"--temp-dir={self.temp_dir}",
+            f"--num-cpus={self.head_cpus}",
+            "--include-dashboard=true",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={self.dashboard_port}",
+            f"--metrics-export-port={self.metrics_port}",
+            f"--ray-client-server-port={ports[0]}",
+            f"--dashboard-agent-listen-port={ports[1]}",
+            f"--dashboard-agent-grpc-port={ports[2]}",
+            f"--runtime-env-agent-port={ports[3]}",
+            f"--node-manager-port={ports[4]}",
             "--disable-usage-stats",
         ]
         extra = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
@@ -83,8 +120,22 @@ class LocalCluster:
         """`ray job submit --no-wait`; returns the submission id (the CLI quotes each argument for the job's shell)."""
         upload = ["--working-dir", str(working_dir)] if working_dir else []
         out = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", self.dashboard_url, *upload, "--no-wait", "--", *entrypoint],
-            env=self.env(), check=True, capture_output=True, text=True, timeout=300,
+            [
+                str(BIN / "ray"),
+                "job",
+                "submit",
+                "--address",
+                self.dashboard_url,
+                *upload,
+                "--no-wait",
+                "--",
+                *entrypoint,
+            ],
+            env=self.env(),
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=300,
         ).stdout
         [line] = [x for x in out.splitlines() if "submitted successfully" in x]
         return line.split("'")[1]

@@ -30,7 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # the node type whose count shows the service's second replica (one serve_gpu unit per node, so a replica per node).
 FAKE = {
     "cluster.yaml": ({"cpu": {"CPU": 2}, "gpu": {"CPU": 2, "serve_gpu": 1, "train_gpu": 2}}, "gpu"),
-    "cluster_separate.yaml": ({"cpu": {"CPU": 2}, "serve_gpu": {"CPU": 1, "serve_gpu": 1}, "train_gpu": {"CPU": 1, "train_gpu": 2}}, "serve_gpu"),
+    "cluster_separate.yaml": (
+        {"cpu": {"CPU": 2}, "serve_gpu": {"CPU": 1, "serve_gpu": 1}, "train_gpu": {"CPU": 1, "train_gpu": 2}},
+        "serve_gpu",
+    ),
 }
 
 
@@ -39,7 +42,10 @@ def fake_node_types(layout: str) -> dict:
     types = {n: t for n, t in cluster["available_node_types"].items() if n != cluster["head_node_type"]}
     resources, _ = FAKE[layout]
     assert set(types) == set(resources)
-    return {n: {"resources": resources[n], "node_config": {}, "min_workers": t["min_workers"], "max_workers": 2} for n, t in types.items()}
+    return {
+        n: {"resources": resources[n], "node_config": {}, "min_workers": t["min_workers"], "max_workers": 2}
+        for n, t in types.items()
+    }
 
 
 class NodeWatcher(threading.Thread):
@@ -63,29 +69,58 @@ def layout(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def fake_cluster(layout: str, tmp_path: Path) -> LocalCluster:
-    cluster = LocalCluster(tmp_path / "cluster", head_cpus=0, node_types=fake_node_types(layout), idle_timeout_minutes=0.5)
+    cluster = LocalCluster(
+        tmp_path / "cluster", head_cpus=0, node_types=fake_node_types(layout), idle_timeout_minutes=0.5
+    )
     cluster.start()
     yield cluster
     cluster.stop()
 
 
 @pytest.mark.timeout(1800)  # a pipeline job, then the idle timeout; slower when the suite shares the 2 cores
-def test_a_pipeline_scales_the_node_types_up_and_back_down(layout: str, fake_cluster: LocalCluster, demo_target: str, tmp_path: Path) -> None:
+def test_a_pipeline_scales_the_node_types_up_and_back_down(
+    layout: str, fake_cluster: LocalCluster, demo_target: str, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
     overrides = [
-        "name=autoscaled", "data.sources=[{path: data/demo/heldout.jsonl}]", f"data.output={out}/prepared", "data.num_actors=1", "data.cpus_per_actor=1",
-        "serve.resource=serve_gpu", "serve.max_replicas=2", "serve.target_ongoing_requests=1", "serve.upscale_delay_s=2",
-        f"train.output={out}/train", "train.resource=train_gpu", "train.epochs=2", "train.hidden_states=online", "train.cache=null",
-        "eval.num_prompts=8", "eval.temperatures=[0.0]", "eval.max_tokens=24",
+        "name=autoscaled",
+        "data.sources=[{path: data/demo/heldout.jsonl}]",
+        f"data.output={out}/prepared",
+        "data.num_actors=1",
+        "data.cpus_per_actor=1",
+        "serve.resource=serve_gpu",
+        "serve.max_replicas=2",
+        "serve.target_ongoing_requests=1",
+        "serve.upscale_delay_s=2",
+        f"train.output={out}/train",
+        "train.resource=train_gpu",
+        "train.epochs=2",
+        "train.hidden_states=online",
+        "train.cache=null",
+        "eval.num_prompts=8",
+        "eval.temperatures=[0.0]",
+        "eval.max_tokens=24",
     ]
     assert fake_cluster.node_types_alive() == []  # head only
     watcher = NodeWatcher(fake_cluster)
     watcher.start()
-    status, logs = fake_cluster.wait(fake_cluster.submit(["bash", "-c", f"cd {ROOT} && {shlex.join([sys.executable, 'jobs/pipeline.py', '--recipe', 'demo', *overrides])}"], None), timeout_s=1500)
+    status, logs = fake_cluster.wait(
+        fake_cluster.submit(
+            [
+                "bash",
+                "-c",
+                f"cd {ROOT} && {shlex.join([sys.executable, 'jobs/pipeline.py', '--recipe', 'demo', *overrides])}",
+            ],
+            None,
+        ),
+        timeout_s=1500,
+    )
     assert status == "SUCCEEDED", logs[-5000:]
     _, second_replica_node = FAKE[layout]
     assert watcher.peak["cpu"] >= 1 and all(watcher.peak[n] >= 1 for n in FAKE[layout][0]), watcher.peak
-    assert watcher.peak[second_replica_node] == 2, f"the service did not scale to its second replica on backlog: {watcher.peak}"
+    assert watcher.peak[second_replica_node] == 2, (
+        f"the service did not scale to its second replica on backlog: {watcher.peak}"
+    )
 
     deadline = time.monotonic() + 240
     while fake_cluster.node_types_alive() and time.monotonic() < deadline:

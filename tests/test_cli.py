@@ -30,7 +30,15 @@ def test_invalid_override_fails_early_naming_the_field():
 
 
 def test_missing_input_is_explained(tmp_path):
-    out = run("-m", "raypipe.cli", "prepare", "--recipe", "debug_cpu", f"data.sources=[{{path: '{tmp_path}/none/*.jsonl'}}]", f"data.output={tmp_path}/o")
+    out = run(
+        "-m",
+        "raypipe.cli",
+        "prepare",
+        "--recipe",
+        "debug_cpu",
+        f"data.sources=[{{path: '{tmp_path}/none/*.jsonl'}}]",
+        f"data.output={tmp_path}/o",
+    )
     assert out.returncode == 2 and "no .jsonl, .jsonl.gz or .parquet files match" in out.stderr
 
 
@@ -43,4 +51,6 @@ def test_prepare_job_end_to_end_on_the_bundled_sample(tmp_path):
     c = manifest["counts"]
     assert c["rows_in"] == 3000 and c["rows_in"] + c["split_extra"] == c["rows_kept"] + c["rows_rejected"]
     assert c["needs_response"] > 2000 and c["loss_tokens"] > 0
-    assert sorted(s["file"] for s in manifest["shards"]) == sorted(f"data/{p.name}" for p in (tmp_path / "prepared/data").iterdir())
+    assert sorted(s["file"] for s in manifest["shards"]) == sorted(
+        f"data/{p.name}" for p in (tmp_path / "prepared/data").iterdir()
+    )

@@ -25,7 +25,9 @@ CLUSTER = LAYOUTS["cluster.yaml"]
 def test_the_shipped_schema_and_rays_own_validation_accept_it(layout: str) -> None:
     schema = json.loads((Path(ray.autoscaler.__path__[0]) / "ray-schema.json").read_text())
     jsonschema.validate(LAYOUTS[layout], schema)
-    validate_config(prepare_config(copy.deepcopy(LAYOUTS[layout])))  # Ray's defaults merged in, then its semantic checks
+    validate_config(
+        prepare_config(copy.deepcopy(LAYOUTS[layout]))
+    )  # Ray's defaults merged in, then its semantic checks
 
 
 def test_a_typo_is_caught_by_the_validation() -> None:
@@ -47,7 +49,9 @@ def test_node_types_fit_the_recipes(layout: str) -> None:
     cluster = LAYOUTS[layout]
     types = cluster["available_node_types"]
     assert types[cluster["head_node_type"]]["resources"] == {"CPU": 0}  # the head does no work
-    for cpu_only in (t for name, t in types.items() if name != cluster["head_node_type"] and "GPU" not in t["resources"]):
+    for cpu_only in (
+        t for name, t in types.items() if name != cluster["head_node_type"] and "GPU" not in t["resources"]
+    ):
         assert cpu_only["min_workers"] == 0  # the data stage's nodes scale from zero
     for node in (t for t in types.values() if "GPU" in t["resources"]):
         # Serve replicas and Train workers take GPUs by their own custom resource: together never more than the node has.
@@ -57,8 +61,13 @@ def test_node_types_fit_the_recipes(layout: str) -> None:
         serve_units = sum(t["resources"].get(cfg.serve.resource, 0) * t.get("max_workers", 0) for t in types.values())
         train_units = [t["resources"].get(cfg.train.resource, 0) for t in types.values()]
         assert serve_units >= cfg.serve.max_replicas * cfg.serve.num_gpus, (layout, recipe)
-        assert max(train_units) >= cfg.train.num_workers, (layout, recipe)  # the placement group fits on one node (PACK)
-        assert all(t["resources"].get(cfg.serve.resource, 0) % cfg.serve.num_gpus == 0 for t in types.values())  # no replica split across nodes
+        assert max(train_units) >= cfg.train.num_workers, (
+            layout,
+            recipe,
+        )  # the placement group fits on one node (PACK)
+        assert all(
+            t["resources"].get(cfg.serve.resource, 0) % cfg.serve.num_gpus == 0 for t in types.values()
+        )  # no replica split across nodes
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
@@ -66,8 +75,13 @@ def test_the_image_is_pinned_and_the_nodes_install_raypipe(layout: str) -> None:
     CLUSTER = LAYOUTS[layout]
     assert CLUSTER["docker"]["image"].startswith(f"rayproject/ray:{ray.__version__}-py311")
     assert any("pip install" in c and "raypipe" in c for c in CLUSTER["setup_commands"])
-    assert not any("uninstall" in c for c in CLUSTER["setup_commands"])  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6
-    assert all("--metrics-export-port" in c for c in CLUSTER["head_start_ray_commands"][1:] + CLUSTER["worker_start_ray_commands"][1:])
+    assert not any(
+        "uninstall" in c for c in CLUSTER["setup_commands"]
+    )  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6
+    assert all(
+        "--metrics-export-port" in c
+        for c in CLUSTER["head_start_ray_commands"][1:] + CLUSTER["worker_start_ray_commands"][1:]
+    )
     assert CLUSTER["idle_timeout_minutes"] > 0
 
 
@@ -83,7 +97,9 @@ def test_token_auth_on_every_node_and_the_dashboard_on_loopback(layout: str) -> 
         env = dict(re.findall(r"\b(RAY_AUTH_[A-Z_]+)=(\S+)", command))
         assert env.get("RAY_AUTH_MODE") == "token", command
         assert "RAY_AUTH_TOKEN" not in env  # the token itself never on a command line
-        assert cluster["file_mounts"][env["RAY_AUTH_TOKEN_PATH"]] == "~/.ray/auth_token"  # what `ray get-auth-token --generate` writes
+        assert (
+            cluster["file_mounts"][env["RAY_AUTH_TOKEN_PATH"]] == "~/.ray/auth_token"
+        )  # what `ray get-auth-token --generate` writes
     [head] = [c for c in starts if "--head" in c]
     assert re.findall(r"--dashboard-host[= ](\S+)", head) == ["127.0.0.1"]
     assert "RAY_AUTH_MODE=disabled" not in text and "0.0.0.0" not in text

@@ -42,7 +42,10 @@ def test_bad_override_syntax():
 
 def test_output_hash_ignores_parallelism_only():
     base = load_config("debug_cpu").data
-    assert base.output_hash() == load_config("debug_cpu", ["data.num_actors=7", "data.output=/elsewhere"]).data.output_hash()
+    assert (
+        base.output_hash()
+        == load_config("debug_cpu", ["data.num_actors=7", "data.output=/elsewhere"]).data.output_hash()
+    )
     assert base.output_hash() != load_config("debug_cpu", ["data.max_length=10"]).data.output_hash()
 
 
@@ -53,5 +56,7 @@ def test_recipe_file_path(tmp_path):
 
 
 def test_source_names():
-    cfg = load_config("debug_cpu", ["data.sources=[{path: s3://b/x/train.jsonl}, {path: /d/chats/*.jsonl}, {path: a, name: n}]"])
+    cfg = load_config(
+        "debug_cpu", ["data.sources=[{path: s3://b/x/train.jsonl}, {path: /d/chats/*.jsonl}, {path: a, name: n}]"]
+    )
     assert [s.source_name for s in cfg.data.sources] == ["train", "chats", "n"]

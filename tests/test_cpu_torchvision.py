@@ -11,7 +11,9 @@ import pytest
 
 from raypipe.cpu_torchvision import PTH_NAME
 
-pytestmark = pytest.mark.skipif(not (Path(sysconfig.get_paths()["purelib"]) / PTH_NAME).is_file(), reason="not a CPU install (no hook)")
+pytestmark = pytest.mark.skipif(
+    not (Path(sysconfig.get_paths()["purelib"]) / PTH_NAME).is_file(), reason="not a CPU install (no hook)"
+)
 
 
 def run(code: str) -> subprocess.CompletedProcess:
@@ -30,5 +32,15 @@ def test_a_new_interpreter_imports_torchvision_and_the_qwen2_vl_image_processor(
 
 
 def test_without_the_hook_the_import_fails_as_reported() -> None:
-    out = subprocess.run([sys.executable, "-S", "-c", f"import sys; sys.path.append({sysconfig.get_paths()['purelib']!r}); import torchvision"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-c",
+            f"import sys; sys.path.append({sysconfig.get_paths()['purelib']!r}); import torchvision",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode != 0 and "operator torchvision::nms does not exist" in out.stderr

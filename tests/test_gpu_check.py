@@ -12,7 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_gpu_check_runs_its_cpu_tiny_mode() -> None:
-    out = subprocess.run([sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--device", "cpu", "--tiny"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     assert [r["strategy"] for r in report["runs"]] == ["ddp", "fsdp2"] and report["placeholders_for"] == []

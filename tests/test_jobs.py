@@ -42,7 +42,9 @@ def check_demo_evaluation(doc: dict) -> None:
     [offline] = [c for c in doc["comparisons"] if c["estimate"] == "offline_replay"]
     assert offline["relative_gap"] < 0.15 and not doc["disagreement"], doc["comparisons"]
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
-    assert {g["temperature"] for g in doc["vllm"]} == {0.0, 1.0} and all(g["tokens_per_s"] > 0 for g in doc["vllm_without_drafter"])
+    assert {g["temperature"] for g in doc["vllm"]} == {0.0, 1.0} and all(
+        g["tokens_per_s"] > 0 for g in doc["vllm_without_drafter"]
+    )
     assert [Path(p).name for p in doc["plots"]] == ["acceptance.png", "training.png"]
     for plot in doc["plots"]:
         pixels = np.asarray(Image.open(plot).convert("L"))
@@ -74,9 +76,19 @@ def head(tmp_path: Path) -> LocalCluster:
 
 
 @pytest.mark.timeout(1800)  # the demo pipeline twice (run, then resume); slower when the suite shares the 2 cores
-def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(head: LocalCluster, demo_target: str, tmp_path: Path) -> None:
+def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
+    head: LocalCluster, demo_target: str, tmp_path: Path
+) -> None:
     out = tmp_path / "run"
-    job = [sys.executable, "jobs/pipeline.py", "--recipe", "demo", f"data.output={out}/prepared", f"train.output={out}/train", f"train.cache={out}/cache"]
+    job = [
+        sys.executable,
+        "jobs/pipeline.py",
+        "--recipe",
+        "demo",
+        f"data.output={out}/prepared",
+        f"train.output={out}/train",
+        f"train.cache={out}/cache",
+    ]
     watcher = MetricsWatcher(head.metrics_url)
     watcher.start()
     status, logs = head.wait(head.submit(job, ROOT), timeout_s=1800)

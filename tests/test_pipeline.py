@@ -33,14 +33,27 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     for name, rows in (("openai", 90), ("sharegpt", 60)):
         lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
         (tmp_path / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
-    twins = [{"id": "twin", "messages": [{"role": "user", "content": text}]} for text in ("Name three rivers.", "Count to five, please.")]
-    (tmp_path / "src" / "twins.jsonl").write_text("".join(json.dumps(t) + "\n" for t in twins))  # one sample_id, two prompts
+    twins = [
+        {"id": "twin", "messages": [{"role": "user", "content": text}]}
+        for text in ("Name three rivers.", "Count to five, please.")
+    ]
+    (tmp_path / "src" / "twins.jsonl").write_text(
+        "".join(json.dumps(t) + "\n" for t in twins)
+    )  # one sample_id, two prompts
     cfg = load_config(
         "tiny_qwen36",
         [
-            f"data.sources=[{{path: {tmp_path}/src/*.jsonl}}]", f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train",
-            "train.epochs=3", "train.max_steps=24", "train.checkpoint_every=12", "train.log_every=4", "train.reply_max_tokens=24",
-            "eval.num_prompts=8", "eval.max_tokens=24", f"serve.http_port={free_port()}",
+            f"data.sources=[{{path: {tmp_path}/src/*.jsonl}}]",
+            f"data.output={tmp_path}/prepared",
+            f"train.output={tmp_path}/train",
+            "train.epochs=3",
+            "train.max_steps=24",
+            "train.checkpoint_every=12",
+            "train.log_every=4",
+            "train.reply_max_tokens=24",
+            "eval.num_prompts=8",
+            "eval.max_tokens=24",
+            f"serve.http_port={free_port()}",
         ],
     )
     done = run_pipeline(cfg)
@@ -54,7 +67,11 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     assert done["train"]["canary"].startswith("canary ok"), done["train"]["canary"]
 
     # Replies: one per needs_response row, each ending at the end-of-turn token if the target emitted it.
-    replies = [r for f in sorted((tmp_path / "train" / "replies").glob("*.parquet")) for r in pq.read_table(f).column("reply_ids").to_pylist()]
+    replies = [
+        r
+        for f in sorted((tmp_path / "train" / "replies").glob("*.parquet"))
+        for r in pq.read_table(f).column("reply_ids").to_pylist()
+    ]
     assert len(replies) == manifest["counts"]["needs_response"]
     assert all(IM_END not in r[:-1] and 0 < len(r) <= 24 for r in replies)
     # The two rows that share a sample_id got a reply each, to their own prompt (replies are keyed by row position).
@@ -67,16 +84,26 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     curve = read_training_curve(Storage(str(tmp_path / "train"), {}), cfg.name)
     assert curve[-1]["step"] == 24 and sum(s["steps"] for s in curve) == 24
     drafter = json.loads((tmp_path / "train" / "drafter" / "config.json").read_text())
-    assert drafter["draft_vocab_size"] == 248_320 and drafter["speculators_config"]["verifier"]["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert drafter["draft_vocab_size"] == 248_320 and drafter["speculators_config"]["verifier"]["architectures"] == [
+        "Qwen3_5ForConditionalGeneration"
+    ]
     assert not any(k.startswith("mrope") for k in drafter["transformer_layer_config"]["rope_parameters"])
 
     # Evaluation: vLLM ran DFlash speculative decoding with the exported drafter on the hybrid target.
     doc = json.loads((tmp_path / "train" / "eval" / "eval.json").read_text())
-    print(json.dumps({k: doc[k] for k in ("tau", "tau_method", "vllm_refused_drafter", "offline_replay", "training")}, indent=1))
+    print(
+        json.dumps(
+            {k: doc[k] for k in ("tau", "tau_method", "vllm_refused_drafter", "offline_replay", "training")}, indent=1
+        )
+    )
     print(json.dumps(doc["vllm"], indent=1))
     assert done["eval"]["tau"] == doc["tau"]
     assert doc["tau_method"] == "vllm" and doc["vllm_refused_drafter"] is None, doc["vllm_refused_drafter"]
     [greedy] = [g for g in doc["vllm"] if g["temperature"] == 0.0]
-    assert greedy["drafts"] > 0 and greedy["draft_tokens"] == 3 * greedy["drafts"] and len(greedy["accepted_per_position"]) == 3
+    assert (
+        greedy["drafts"] > 0
+        and greedy["draft_tokens"] == 3 * greedy["drafts"]
+        and len(greedy["accepted_per_position"]) == 3
+    )
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
     assert doc["vllm_untrained_drafter"]["drafts"] > 0

@@ -38,7 +38,9 @@ SHAPES = {
 }
 
 
-def drafter_parameters(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int, aux: int) -> int:
+def drafter_parameters(
+    hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int, aux: int
+) -> int:
     """Trainable parameters of a DFlash drafter, counted by hand: Qwen3 decoder layers, the fc over the aux states, two norms."""
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim
     layer = attention + 3 * hidden * intermediate + 2 * hidden
@@ -61,7 +63,9 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
         # `build_drafter` (vocab_size) and `VllmEngine` (num_hidden_layers).
         assert not hasattr(config, "vocab_size") and not hasattr(config, "num_hidden_layers")
         assert target.shape.multimodal and target.shape.hybrid
-        assert target.shape.layer_types.count("full_attention") == 16 and target.shape.layer_types[3] == "full_attention"
+        assert (
+            target.shape.layer_types.count("full_attention") == 16 and target.shape.layer_types[3] == "full_attention"
+        )
 
     # vLLM engines: no prefix caching (hybrid targets), text only for the vision tower.
     args = engine_args(target, cfg.serve)
@@ -71,16 +75,31 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
     # The drafter as the training stage builds it, on the meta device.
     drafter = drafter_on_meta(target, cfg.train)
     layer = drafter.config.transformer_layer_config
-    assert (layer.hidden_size, layer.num_attention_heads, layer.head_dim, layer.vocab_size) == (hidden, heads, head_dim, vocab)
+    assert (layer.hidden_size, layer.num_attention_heads, layer.head_dim, layer.vocab_size) == (
+        hidden,
+        heads,
+        head_dim,
+        vocab,
+    )
     assert drafter.layers[0].self_attn.q_proj.weight.shape == (heads * head_dim, hidden)
     assert list(drafter.config.aux_hidden_state_layer_ids) == list(layer_ids[:-1])
     assert drafter.fc.weight.shape == (hidden, hidden * (len(layer_ids) - 1))
     text = config.get_text_config()
-    expected = drafter_parameters(hidden, heads, text.num_key_value_heads, head_dim, text.intermediate_size, cfg.train.draft_layers, len(layer_ids) - 1)
+    expected = drafter_parameters(
+        hidden,
+        heads,
+        text.num_key_value_heads,
+        head_dim,
+        text.intermediate_size,
+        cfg.train.draft_layers,
+        len(layer_ids) - 1,
+    )
     sizing = size_run(cfg, target, drafter)
     print(recipe, sizing.summary())
     assert sizing.drafter_trainable == expected
-    assert sizing.drafter_frozen == 3 * vocab * hidden + hidden  # embedding, LM head, the target's LM head for the targets, its final norm
+    assert (
+        sizing.drafter_frozen == 3 * vocab * hidden + hidden
+    )  # embedding, LM head, the target's LM head for the targets, its final norm
     assert sizing.state_bytes_per_token == state_bytes
 
     # Memory per GPU against the GPUs each cluster layout gives each stage.
@@ -88,6 +107,17 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
         types = cluster["available_node_types"].values()
         [serve_node] = [t for t in types if cfg.serve.resource in t["resources"]]
         [train_node] = [t for t in types if cfg.train.resource in t["resources"]]
-        serve_gpu, train_gpu = GPU_BYTES[serve_node["node_config"]["InstanceType"]], GPU_BYTES[train_node["node_config"]["InstanceType"]]
-        assert sizing.serve_bytes_per_gpu <= cfg.serve.gpu_memory_utilization * serve_gpu, (layout, sizing.summary(), serve_gpu)
-        assert sizing.train_bytes_per_gpu <= 0.8 * train_gpu, (layout, sizing.summary(), train_gpu)  # room for activations and the allocator
+        serve_gpu, train_gpu = (
+            GPU_BYTES[serve_node["node_config"]["InstanceType"]],
+            GPU_BYTES[train_node["node_config"]["InstanceType"]],
+        )
+        assert sizing.serve_bytes_per_gpu <= cfg.serve.gpu_memory_utilization * serve_gpu, (
+            layout,
+            sizing.summary(),
+            serve_gpu,
+        )
+        assert sizing.train_bytes_per_gpu <= 0.8 * train_gpu, (
+            layout,
+            sizing.summary(),
+            train_gpu,
+        )  # room for activations and the allocator

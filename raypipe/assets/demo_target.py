@@ -31,7 +31,30 @@ _STAMP_FILE = "raypipe_demo_target.json"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>", "<unk>"]
 LETTERS = list("abcdefghijklmnopqrstuvwxyz")
 DIGITS = list("0123456789")
-WORDS = ["system", "user", "assistant", "\n", ":", ",", "+", "=", "copy", "reverse", "repeat", "twice", "pairs", "count", "from", "add", "please", "and", "then", "list", "numbers", "letters"]
+WORDS = [
+    "system",
+    "user",
+    "assistant",
+    "\n",
+    ":",
+    ",",
+    "+",
+    "=",
+    "copy",
+    "reverse",
+    "repeat",
+    "twice",
+    "pairs",
+    "count",
+    "from",
+    "add",
+    "please",
+    "and",
+    "then",
+    "list",
+    "numbers",
+    "letters",
+]
 TASKS = ("copy", "reverse", "repeat", "pairs", "count", "add")
 DEMO_SPLITS = {"train": (4000, 1), "heldout": (200, 2)}  # bundled under data/demo/: rows, generator seed
 
@@ -105,10 +128,16 @@ def build_tokenizer() -> object:
 
     vocab = {tok: i for i, tok in enumerate(vocabulary())}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("\n"), "isolated"), pre_tokenizers.Split(Regex(" +"), "removed")])
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex("\n"), "isolated"), pre_tokenizers.Split(Regex(" +"), "removed")]
+    )
     backend.decoder = decoders.WordPiece(prefix="##", cleanup=False)
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>", unk_token="<unk>", mask_token="<|mask|>",
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        mask_token="<|mask|>",
         additional_special_tokens=["<|im_start|>", "<think>", "</think>"],
     )
     tok.chat_template = load_template("qwen_strict")
@@ -120,10 +149,21 @@ def demo_target_config(vocab_size: int) -> object:
 
     tok_ids = {t: i for i, t in enumerate(vocabulary())}
     return Qwen3Config(
-        vocab_size=vocab_size, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, intermediate_size=384, max_position_embeddings=512, tie_word_embeddings=False, rms_norm_eps=1e-6,
+        vocab_size=vocab_size,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=384,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
-        bos_token_id=tok_ids["<|endoftext|>"], eos_token_id=tok_ids["<|im_end|>"], pad_token_id=tok_ids["<|endoftext|>"], dtype="float32",
+        bos_token_id=tok_ids["<|endoftext|>"],
+        eos_token_id=tok_ids["<|im_end|>"],
+        pad_token_id=tok_ids["<|endoftext|>"],
+        dtype="float32",
     )
 
 
@@ -183,5 +223,7 @@ def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0) -> Path
         write_dir_atomically(out, write)
     found = json.loads(stamp_file.read_text())
     if found != stamp:
-        raise ValueError(f"{out} holds a demo target built with {found}, not {stamp}; remove it or pass the seed it was built with")
+        raise ValueError(
+            f"{out} holds a demo target built with {found}, not {stamp}; remove it or pass the seed it was built with"
+        )
     return out

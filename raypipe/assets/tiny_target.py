@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-
 from typing import Any
 
 import torch
@@ -75,13 +74,26 @@ def tiny_qwen36_config() -> PretrainedConfig:
             "linear_value_head_dim": 128,
             "max_position_embeddings": 4096,
             "rms_norm_eps": 1e-6,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25, "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
             "tie_word_embeddings": False,
             "bos_token_id": ENDOFTEXT,
             "eos_token_id": ENDOFTEXT,
             "dtype": "float32",
         },
-        vision_config={"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "out_hidden_size": 128, "num_position_embeddings": 64},
+        vision_config={
+            "depth": 1,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": 128,
+            "num_position_embeddings": 64,
+        },
         image_token_id=151_655,
         video_token_id=151_656,
         vision_start_token_id=151_652,
@@ -110,7 +122,9 @@ def build_tiny_target(output_dir: str | os.PathLike[str], seed: int = 0, arch: s
         write_dir_atomically(out, lambda tmp: _write(tmp, stamp))
         found = _read_stamp(out)
     if found != stamp:
-        raise ValueError(f"{out} holds a tiny target built with {found}, not {stamp}; remove it or pass the seed it was built with")
+        raise ValueError(
+            f"{out} holds a tiny target built with {found}, not {stamp}; remove it or pass the seed it was built with"
+        )
     return out
 
 
@@ -132,7 +146,9 @@ def _write(directory: Path, stamp: dict[str, Any]) -> None:
             from transformers import Qwen3_5ForConditionalGeneration
 
             model = Qwen3_5ForConditionalGeneration(tiny_qwen36_config())
-            model.generation_config = GenerationConfig(bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT)
+            model.generation_config = GenerationConfig(
+                bos_token_id=ENDOFTEXT, eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT
+            )
             tokenizer.eos_token = "<|endoftext|>"
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)

@@ -16,7 +16,14 @@ from typing import Any
 
 FORMATS = ("openai", "sharegpt", "alpaca")
 ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "tool": "tool"}
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 class Reject(Exception):
@@ -34,7 +41,9 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     id: str | None
-    context_only: frozenset[int] = field(default_factory=frozenset)  # assistant turns with weight 0: rendered, never supervised
+    context_only: frozenset[int] = field(
+        default_factory=frozenset
+    )  # assistant turns with weight 0: rendered, never supervised
 
 
 def _bad(code: str, reason: str) -> Reject:
@@ -58,7 +67,9 @@ def _text(value: Any, where: str, *, allow_none: bool = False) -> str:
         return value
     if value is None and allow_none:
         return ""
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+    if isinstance(value, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
         return "".join(p["text"] for p in value)
     raise _bad("bad_content", f"{where} content must be a string or a list of text parts, got {type(value).__name__}")
 
@@ -76,7 +87,9 @@ def _tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
             try:
                 args = json.loads(args) if args.strip() else {}
             except json.JSONDecodeError as err:
-                raise _bad("bad_tool_call", f"{where} tool_calls[{j}].function.arguments is not valid JSON ({err.msg})") from None
+                raise _bad(
+                    "bad_tool_call", f"{where} tool_calls[{j}].function.arguments is not valid JSON ({err.msg})"
+                ) from None
         if not isinstance(args, dict):
             raise _bad("bad_tool_call", f"{where} tool_calls[{j}].function.arguments must be a JSON object")
         item: dict[str, Any] = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
@@ -103,7 +116,10 @@ def _weightless(where: str, msg: dict[str, Any]) -> bool:
         return False
     weight = msg["weight"]
     if msg.get("role") != "assistant" or type(weight) not in (int, float) or weight not in (0, 1):
-        raise _bad("bad_weight", f"{where} weight must be 0 or 1 on an assistant turn, got {weight!r:.40} on {msg.get('role')!r:.40}")
+        raise _bad(
+            "bad_weight",
+            f"{where} weight must be 0 or 1 on an assistant turn, got {weight!r:.40} on {msg.get('role')!r:.40}",
+        )
     return weight == 0
 
 

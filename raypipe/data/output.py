@@ -40,13 +40,28 @@ if TYPE_CHECKING:
     from raypipe.config import DataConfig
     from raypipe.data.tokenizer import TokenizerSpec
 
-COUNT_KEYS = ("rows_in", "blank_lines", "split_extra", "rows_kept", "rows_rejected", "needs_response", "truncated", "tokens_tokenized", "tokens", "loss_tokens")
+COUNT_KEYS = (
+    "rows_in",
+    "blank_lines",
+    "split_extra",
+    "rows_kept",
+    "rows_rejected",
+    "needs_response",
+    "truncated",
+    "tokens_tokenized",
+    "tokens",
+    "loss_tokens",
+)
 
 
 # What a differing plan.json key means, for the refusal message.
 _PLAN_KEYS = {
-    "raypipe_version": "raypipe version", "config_hash": "config", "tokenizer_hash": "tokenizer or chat template",
-    "template_hash": "tokenizer or chat template", "inputs": "input files", "chunks": "input files",
+    "raypipe_version": "raypipe version",
+    "config_hash": "config",
+    "tokenizer_hash": "tokenizer or chat template",
+    "template_hash": "tokenizer or chat template",
+    "inputs": "input files",
+    "chunks": "input files",
 }
 
 
@@ -58,7 +73,9 @@ def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
     """What the prepared rows depend on: raypipe's version, the data config, the tokenizer and the template's text
     (not its name: a template edited in place counts), and each input file's size plus ETag or mtime."""
     for source in cfg.sources:
-        filesystem(source.path, cfg.storage_options)[0].invalidate_cache()  # files added or changed since a listing in this process
+        filesystem(source.path, cfg.storage_options)[
+            0
+        ].invalidate_cache()  # files added or changed since a listing in this process
     files = [url for source in cfg.sources for url in list_files(source, cfg.storage_options)]
     return {
         "raypipe_version": raypipe.__version__,
@@ -74,7 +91,9 @@ class PreparedOutput(Storage):
         """manifest.json as written (its sha256 is what training chains on); a clear error when the data stage has not completed."""
         self.refresh()  # written by another process since this one listed here
         if not self.exists("manifest.json"):
-            raise ValueError(f"{self.url} has no manifest.json: the data stage has not completed there; run `raypipe prepare` with this data.output first")
+            raise ValueError(
+                f"{self.url} has no manifest.json: the data stage has not completed there; run `raypipe prepare` with this data.output first"
+            )
         return self.read("manifest.json")
 
     def read_manifest(self) -> dict[str, Any]:
@@ -87,7 +106,9 @@ class PreparedOutput(Storage):
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
             if old != doc:
-                what = dict.fromkeys(_PLAN_KEYS.get(k, k) for k in sorted(old.keys() | doc.keys()) if old.get(k) != doc.get(k))
+                what = dict.fromkeys(
+                    _PLAN_KEYS.get(k, k) for k in sorted(old.keys() | doc.keys()) if old.get(k) != doc.get(k)
+                )
                 raise ValueError(
                     f"data.output {self.url} holds a run made with a different {', '.join(what)} (see its plan.json): its shards must not "
                     f"mix with new ones; set a new data.output, or delete {self.url} to start over"
@@ -112,17 +133,30 @@ class PreparedOutput(Storage):
         rejects = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in result.rejects).encode()
         self.write(f"data/{name}.parquet", shard)
         self.write(f"rejects/{name}.jsonl", rejects)
-        stats = {**result.stats, "file": f"data/{name}.parquet", "sha256": _sha256(shard), "rejects_sha256": _sha256(rejects)}
+        stats = {
+            **result.stats,
+            "file": f"data/{name}.parquet",
+            "sha256": _sha256(shard),
+            "rejects_sha256": _sha256(rejects),
+        }
         self.write(f"stats/{name}.json", _dumps(stats))
         return stats
 
     def write_manifest(
-        self, plan: list[Chunk], config_hash: str, tokenizer_hash: str, template_hash: str, end_of_turn: dict[str, Any], unmatched: list[str]
+        self,
+        plan: list[Chunk],
+        config_hash: str,
+        tokenizer_hash: str,
+        template_hash: str,
+        end_of_turn: dict[str, Any],
+        unmatched: list[str],
     ) -> dict[str, Any]:
         """Totals over every shard; files that could not be read and files not matched are named, not only counted."""
         shards = [self.read_json(f"stats/{shard_name(c.index)}.json") for c in plan]
         totals = {k: sum(s[k] for s in shards) for k in COUNT_KEYS}
-        assert totals["rows_in"] + totals["split_extra"] == totals["rows_kept"] + totals["rows_rejected"], "row accounting broke"
+        assert totals["rows_in"] + totals["split_extra"] == totals["rows_kept"] + totals["rows_rejected"], (
+            "row accounting broke"
+        )
         unreadable = {f["file"]: f["reason"] for s in shards for f in s["files_rejected"]}
         totals["files_rejected"], totals["files_unmatched"] = len(unreadable), len(unmatched)
         rejects: dict[str, int] = {}
@@ -137,14 +171,22 @@ class PreparedOutput(Storage):
             "end_of_turn": end_of_turn,  # where on-policy replies stop
             "counts": totals,
             "rejects_by_code": dict(sorted(rejects.items())),
-            "files_rejected": [{"file": f, "reason": r} for f, r in sorted(unreadable.items())],  # unreadable; see rejects/ for the rows read before
+            "files_rejected": [
+                {"file": f, "reason": r} for f, r in sorted(unreadable.items())
+            ],  # unreadable; see rejects/ for the rows read before
             "files_unmatched": unmatched,  # present under a source's path but not read: another suffix
             "token_histogram": {
                 "upper_edges": [*HISTOGRAM_EDGES, None],
                 "rows": [sum(s["histogram"][i] for s in shards) for i in range(len(HISTOGRAM_EDGES) + 1)],
             },
             "shards": [
-                {"file": s["file"], "rows": s["rows_kept"], "sha256": s["sha256"], "rejects": f"rejects/{shard_name(s['shard'])}.jsonl", "rejected": s["rows_rejected"]}
+                {
+                    "file": s["file"],
+                    "rows": s["rows_kept"],
+                    "sha256": s["sha256"],
+                    "rejects": f"rejects/{shard_name(s['shard'])}.jsonl",
+                    "rejected": s["rows_rejected"],
+                }
                 for s in shards
             ],
         }

@@ -43,7 +43,11 @@ class _PrepareActor:
             chunk = Chunk(**json.loads(item))
             stats = self.output.write_shard(self.preparer.prepare(chunk))
             tags = {"source": chunk.source}
-            counts = [(self.rows, stats["rows_in"], tags), (self.kept, stats["rows_kept"], tags), (self.tokens, stats["tokens"], tags)]
+            counts = [
+                (self.rows, stats["rows_in"], tags),
+                (self.kept, stats["rows_kept"], tags),
+                (self.tokens, stats["tokens"], tags),
+            ]
             counts += [(self.rejects, n, {**tags, "reason": code}) for code, n in stats["rejects_by_code"].items()]
             for counter, n, counter_tags in counts:
                 if n > 0:  # Ray counters refuse 0 (a shard whose rows were all rejected keeps none)
@@ -60,12 +64,17 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
     unmatched = unmatched_files(cfg.sources, cfg.storage_options)
     if unmatched:
         shown = ", ".join(unmatched[:20]) + (f" and {len(unmatched) - 20} more" if len(unmatched) > 20 else "")
-        print(f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}", flush=True)
+        print(
+            f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}",
+            flush=True,
+        )
     output = PreparedOutput(cfg.output, cfg.storage_options)
     config_hash, tokenizer_hash = deps["config_hash"], deps["tokenizer_hash"]
     output.start({**deps, "chunks": [c.to_dict() for c in plan]}, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
-    print(f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True)
+    print(
+        f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True
+    )
     if todo:
         _run_actors(cfg, spec, todo)
     output.refresh()  # the actors wrote stats/ from other processes: a listing cached here would hide their files
@@ -97,5 +106,7 @@ def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> None
         stats = json.loads(row["stats"])
         done += 1
         rows += stats["rows_in"]
-        print(f"[prepare] shard {stats['shard']} done ({done}/{len(todo)}), {rows / (time.monotonic() - start):.0f} rows/s", flush=True)
-
+        print(
+            f"[prepare] shard {stats['shard']} done ({done}/{len(todo)}), {rows / (time.monotonic() - start):.0f} rows/s",
+            flush=True,
+        )

@@ -99,7 +99,9 @@ class _Counts:
     histogram: list[int] = field(default_factory=lambda: [0] * (len(HISTOGRAM_EDGES) + 1))
 
 
-def fit_length(mask: np.ndarray, prompt_len: int, needs_response: bool, max_length: int, policy: str) -> tuple[int, int]:
+def fit_length(
+    mask: np.ndarray, prompt_len: int, needs_response: bool, max_length: int, policy: str
+) -> tuple[int, int]:
     """(kept tokens, prompt_len) under the max-length policy; raises Reject.
 
     Truncation keeps the head: the supervised tail is cut. A row left with no
@@ -113,7 +115,11 @@ def fit_length(mask: np.ndarray, prompt_len: int, needs_response: bool, max_leng
         raise Reject("length", "too_long", f"{n} tokens > data.max_length {max_length} (data.overlength=reject)")
     if needs_response:
         if prompt_len >= max_length:
-            raise Reject("length", "prompt_too_long", f"prompt has {prompt_len} tokens, data.max_length {max_length} leaves no room for the reply")
+            raise Reject(
+                "length",
+                "prompt_too_long",
+                f"prompt has {prompt_len} tokens, data.max_length {max_length} leaves no room for the reply",
+            )
         return max_length, prompt_len
     kept = mask[:max_length]
     ones = np.flatnonzero(kept)
@@ -128,10 +134,22 @@ def fit_length(mask: np.ndarray, prompt_len: int, needs_response: bool, max_leng
 def prompt_reject(prompt_tokens: int, needs_response: bool, max_length: int, policy: str) -> Reject:
     """What `fit_length` decides for a row whose prompt alone has `prompt_tokens` >= max_length (at least; counting stopped there)."""
     if policy == "reject":
-        return Reject("length", "too_long", f"the prompt alone has {prompt_tokens}+ tokens > data.max_length {max_length} (data.overlength=reject)")
+        return Reject(
+            "length",
+            "too_long",
+            f"the prompt alone has {prompt_tokens}+ tokens > data.max_length {max_length} (data.overlength=reject)",
+        )
     if needs_response:
-        return Reject("length", "prompt_too_long", f"prompt has {prompt_tokens}+ tokens, data.max_length {max_length} leaves no room for the reply")
-    return Reject("length", "no_loss_in_window", f"the prompt alone has {prompt_tokens}+ tokens: no supervised token within the first {max_length}")
+        return Reject(
+            "length",
+            "prompt_too_long",
+            f"prompt has {prompt_tokens}+ tokens, data.max_length {max_length} leaves no room for the reply",
+        )
+    return Reject(
+        "length",
+        "no_loss_in_window",
+        f"the prompt alone has {prompt_tokens}+ tokens: no supervised token within the first {max_length}",
+    )
 
 
 def as_reject(stage: str, err: Exception) -> Reject:
@@ -156,7 +174,9 @@ class ShardPreparer:
     def __init__(self, cfg: DataConfig, spec: TokenizerSpec) -> None:
         self.cfg = cfg
         self.backend = Tokenizer.from_str(spec.tokenizer_json)
-        self.renderer = ChatRenderer(spec.chat_template, spec.template_kwargs, spec.end_of_turn, cfg.placeholder_reply, list(spec.reserved))
+        self.renderer = ChatRenderer(
+            spec.chat_template, spec.template_kwargs, spec.end_of_turn, cfg.placeholder_reply, list(spec.reserved)
+        )
         self.splits = _special_splitter(spec.tokenizer_json)
 
     def prepare(self, chunk: Chunk) -> ShardResult:
@@ -191,8 +211,14 @@ class ShardPreparer:
         except UnreadableFile as err:
             counts.files_rejected.append({"file": err.url, "reason": err.reason})
             rejects.append(
-                {"level": "file", "source": chunk.source, "file": err.url, "stage": "read", "code": "unreadable_file",
-                 "reason": f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are counted as usual"}
+                {
+                    "level": "file",
+                    "source": chunk.source,
+                    "file": err.url,
+                    "stage": "read",
+                    "code": "unreadable_file",
+                    "reason": f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are counted as usual",
+                }
             )
         if pending:
             batches.append(self._tokenize(chunk, pending, counts, rejects))
@@ -200,7 +226,14 @@ class ShardPreparer:
         return ShardResult(table, rejects, _stats(chunk, counts, len(rejects) - len(counts.files_rejected)))
 
     def _drop_unfit_turns(
-        self, chunk: Chunk, sample_id: str, position: int, raw: Raw, rows: list[Segmented], counts: _Counts, rejects: list[dict[str, Any]]
+        self,
+        chunk: Chunk,
+        sample_id: str,
+        position: int,
+        raw: Raw,
+        rows: list[Segmented],
+        counts: _Counts,
+        rejects: list[dict[str, Any]],
     ) -> list[Segmented]:
         """Per-turn rows whose prompt alone reaches max_length, rejected before they are tokenized."""
         if rows[0].turn is None:
@@ -244,7 +277,9 @@ class ShardPreparer:
         except json.JSONDecodeError as err:
             raise Reject("parse", "invalid_json", f"malformed JSON: {err.msg} at column {err.colno}") from None
 
-    def _encode(self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]) -> tuple[list[_Pending], list[list[int]]]:
+    def _encode(
+        self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
+    ) -> tuple[list[_Pending], list[list[int]]]:
         """(rows the tokenizer took, ids of their pieces): one batched call, or row by row when it fails."""
         texts = [text for p in pending for seg in p.rows for text, _ in seg.pieces]
         try:
@@ -259,12 +294,22 @@ class ShardPreparer:
             except Exception as err:  # noqa: BLE001 - the row is rejected with the tokenizer's reason
                 rej = _tokenizer_reject(texts, err)
                 for seg in p.rows:
-                    _add_reject(chunk, p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}", p.position, p.raw, rej, counts, rejects)
+                    _add_reject(
+                        chunk,
+                        p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}",
+                        p.position,
+                        p.raw,
+                        rej,
+                        counts,
+                        rejects,
+                    )
                 continue
             kept.append(p)
         return kept, id_lists
 
-    def _tokenize(self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]) -> pa.RecordBatch:
+    def _tokenize(
+        self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
+    ) -> pa.RecordBatch:
         """One batched tokenizer call for every piece of every row, then numpy assembly."""
         pending, id_lists = self._encode(chunk, pending, counts, rejects)
         rows = [(p, seg) for p in pending for seg in p.rows]
@@ -277,7 +322,9 @@ class ShardPreparer:
         counts.tokens_tokenized += len(flat)
 
         ids_out, mask_out, list_offsets = [], [], [0]
-        columns: dict[str, list[Any]] = {k: [] for k in ("sample_id", "source", "num_tokens", "num_loss_tokens", "needs_response", "prompt_len")}
+        columns: dict[str, list[Any]] = {
+            k: [] for k in ("sample_id", "source", "num_tokens", "num_loss_tokens", "needs_response", "prompt_len")
+        }
         piece = 0
         for p, seg in rows:
             a, b = int(offsets[piece]), int(offsets[piece + len(seg.pieces)])
@@ -285,7 +332,9 @@ class ShardPreparer:
             piece += len(seg.pieces)
             row_id = p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}"
             try:
-                n, prompt_len = fit_length(mask[a:b], prompt_len, seg.needs_response, self.cfg.max_length, self.cfg.overlength)
+                n, prompt_len = fit_length(
+                    mask[a:b], prompt_len, seg.needs_response, self.cfg.max_length, self.cfg.overlength
+                )
             except Reject as rej:
                 _add_reject(chunk, row_id, p.position, p.raw, rej, counts, rejects)
                 continue
@@ -310,8 +359,12 @@ class ShardPreparer:
         empty_i32, empty_i8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
         arrays = {
             **{k: pa.array(v, type=PREPARED_SCHEMA.field(k).type) for k, v in columns.items()},
-            "input_ids": pa.ListArray.from_arrays(list_offsets_arr, pa.array(np.concatenate(ids_out) if ids_out else empty_i32)),
-            "loss_mask": pa.ListArray.from_arrays(list_offsets_arr, pa.array(np.concatenate(mask_out) if mask_out else empty_i8)),
+            "input_ids": pa.ListArray.from_arrays(
+                list_offsets_arr, pa.array(np.concatenate(ids_out) if ids_out else empty_i32)
+            ),
+            "loss_mask": pa.ListArray.from_arrays(
+                list_offsets_arr, pa.array(np.concatenate(mask_out) if mask_out else empty_i8)
+            ),
         }
         return pa.RecordBatch.from_arrays([arrays[f.name] for f in PREPARED_SCHEMA], schema=PREPARED_SCHEMA)
 
@@ -322,7 +375,11 @@ def _special_splitter(tokenizer_json: str) -> re.Pattern[str]:
     Text between two such tokens is tokenized on its own, so a text's token count is the sum of its parts'.
     """
     added = json.loads(tokenizer_json).get("added_tokens") or []
-    verbatim = [t["content"] for t in added if not (t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"))]
+    verbatim = [
+        t["content"]
+        for t in added
+        if not (t.get("lstrip") or t.get("rstrip") or t.get("single_word") or t.get("normalized"))
+    ]
     return re.compile("(" + ("|".join(map(re.escape, sorted(verbatim, key=len, reverse=True))) or "(?!)") + ")")
 
 
@@ -331,11 +388,17 @@ def _tokenizer_reject(texts: list[str], err: Exception) -> Reject:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as bad:
-            return Reject("tokenize", "lone_surrogate", f"text holds {text[bad.start]!r}, a lone UTF-16 surrogate (an escape like \\ud800 in the JSON)")
+            return Reject(
+                "tokenize",
+                "lone_surrogate",
+                f"text holds {text[bad.start]!r}, a lone UTF-16 surrogate (an escape like \\ud800 in the JSON)",
+            )
     return Reject("tokenize", "tokenizer_error", f"the tokenizer refused the row: {type(err).__name__}: {err}")
 
 
-def _add_reject(chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject, counts: _Counts, rejects: list[dict[str, Any]]) -> None:
+def _add_reject(
+    chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject, counts: _Counts, rejects: list[dict[str, Any]]
+) -> None:
     rejects.append(_reject_record(chunk, sample_id, position, raw, rej))
     counts.rejects[rej.code] += 1
 
@@ -359,7 +422,11 @@ def _reject_record(chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: R
     if isinstance(raw, Oversized):
         data, size = raw.head, raw.size
     else:
-        data = json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace") if isinstance(raw, dict) else raw
+        data = (
+            json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace")
+            if isinstance(raw, dict)
+            else raw
+        )
         size = len(data)
     head = data[:RAW_BYTES]
     if size > len(head):

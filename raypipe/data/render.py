@@ -96,7 +96,9 @@ class ChatRenderer:
             return None
         return full[len(prompt) :] if full.startswith(prompt) and self.placeholder in full[len(prompt) :] else None
 
-    def _render(self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool, markers: bool = False) -> tuple[str, list]:
+    def _render(
+        self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool, markers: bool = False
+    ) -> tuple[str, list]:
         try:
             texts, indices = render_jinja_template(
                 [messages],
@@ -147,7 +149,9 @@ class ChatRenderer:
         placeholder = [needs_response and t.index == last for t in turns]
         return [_cut(t.text, [t], p, t.index, self.eot) for t, p in zip(turns, placeholder) if t.supervised or p]
 
-    def _turns(self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool, context_only: frozenset[int]) -> list[_Turn]:
+    def _turns(
+        self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool, context_only: frozenset[int]
+    ) -> list[_Turn]:
         """Each assistant turn whose prompt the template can render; leading ones it cannot are context."""
         last = len(messages) - 1
         turns = []
@@ -158,7 +162,11 @@ class ChatRenderer:
                 prefix, _ = self._render(messages[:k], tools, True)
             except Reject:
                 if k == last:
-                    raise Reject("render", "no_generation_prompt", "template cannot render a generation prompt for the final turn") from None
+                    raise Reject(
+                        "render",
+                        "no_generation_prompt",
+                        "template cannot render a generation prompt for the final turn",
+                    ) from None
                 continue  # e.g. an assistant turn before any user query: kept as context only
             through = full if k == last else self._render(messages[: k + 1], tools, False)[0]
             if not through.startswith(prefix):
@@ -168,18 +176,36 @@ class ChatRenderer:
                     f"messages[{k}] does not render as a continuation of its generation prompt "
                     "(reasoning on a turn while enable_thinking is false?)",
                 )
-            end = through.rfind(self.eot, len(prefix))  # the turn's own closing token; _cut refuses a span holding another
+            end = through.rfind(
+                self.eot, len(prefix)
+            )  # the turn's own closing token; _cut refuses a span holding another
             if end < 0:
-                raise Reject("render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {self.eot}")
-            turns.append(_Turn(k, len(prefix), end + len(self.eot), through, not (needs_response and k == last) and k not in context_only))
+                raise Reject(
+                    "render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {self.eot}"
+                )
+            turns.append(
+                _Turn(
+                    k,
+                    len(prefix),
+                    end + len(self.eot),
+                    through,
+                    not (needs_response and k == last) and k not in context_only,
+                )
+            )
         _require_supervision(turns, needs_response)
         return turns
 
-    def _segment_markers(self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]) -> Segmented:
+    def _segment_markers(
+        self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]
+    ) -> Segmented:
         full, blocks = self._render(messages, tools, False, markers=True)
         assistant = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if len(blocks) != len(assistant):
-            raise Reject("render", "generation_blocks", f"template marked {len(blocks)} generation blocks for {len(assistant)} assistant turns")
+            raise Reject(
+                "render",
+                "generation_blocks",
+                f"template marked {len(blocks)} generation blocks for {len(assistant)} assistant turns",
+            )
         turns = [_Turn(k, s, e, full, k not in context_only) for k, (s, e) in zip(assistant, blocks)]
         turns[-1].supervised = turns[-1].supervised and not needs_response
         _require_supervision(turns, needs_response)
@@ -188,7 +214,11 @@ class ChatRenderer:
 
 def _require_supervision(turns: list[_Turn], needs_response: bool) -> None:
     if not any(t.supervised for t in turns) and not needs_response:
-        raise Reject("render", "no_supervised_turn", "no assistant turn is supervised: each has weight 0 or no prompt the template can render")
+        raise Reject(
+            "render",
+            "no_supervised_turn",
+            "no assistant turn is supervised: each has weight 0 or no prompt the template can render",
+        )
 
 
 def _strings(value: Any) -> Iterator[str]:
@@ -252,7 +282,11 @@ def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None, 
         n = text.count(eot, t.start, t.end)
         if t.supervised and not (n == 1 and text.endswith(eot, t.start, t.end)):
             code = "extra_end_of_turn" if n > 1 else "no_end_of_turn"
-            raise Reject("render", code, f"the supervised span of messages[{t.index}] holds {n} end-of-turn tokens {eot}, not exactly one at its end")
+            raise Reject(
+                "render",
+                code,
+                f"the supervised span of messages[{t.index}] holds {n} end-of-turn tokens {eot}, not exactly one at its end",
+            )
     bounds = sorted({0, len(text), *(t.start for t in turns), *(t.end for t in turns if t.supervised)})
     supervised = [(t.start, t.end) for t in turns if t.supervised]
     pieces = []

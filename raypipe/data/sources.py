@@ -97,7 +97,9 @@ def _listing(source: SourceConfig, storage_options: dict[str, Any]) -> tuple[lis
     elif fs.exists(path):
         found = [path]
     else:
-        raise ValueError(f"data.sources: {source.path} does not exist; fix the path (globs like dir/*.jsonl are allowed)")
+        raise ValueError(
+            f"data.sources: {source.path} does not exist; fix the path (globs like dir/*.jsonl are allowed)"
+        )
     files = [p for p in found if not fs.isdir(p)]
     as_url = (lambda p: fs.unstrip_protocol(p)) if "://" in source.path else (lambda p: p)
     return sorted(as_url(p) for p in files if file_kind(p)), sorted(as_url(p) for p in files if not file_kind(p))
@@ -124,7 +126,9 @@ def _gzip_size(fs: fsspec.AbstractFileSystem, path: str) -> tuple[int, bool]:
     size = 0
     try:
         with fs.open(path, "rb", compression="gzip") as f:
-            while block := f.read1(_BLOCK):  # read1: bytes decompressed before an error are counted, not dropped with the call
+            while block := f.read1(
+                _BLOCK
+            ):  # read1: bytes decompressed before an error are counted, not dropped with the call
                 size += len(block)
     except READ_ERRORS:
         return size, True
@@ -161,7 +165,9 @@ def plan_chunks(sources: list[SourceConfig], storage_options: dict[str, Any], ch
     return chunks
 
 
-def read_chunk(chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
+def read_chunk(
+    chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
+) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
     """(position, raw row): a line's byte offset and bytes (or `Oversized`), or a Parquet row's index and dict.
 
     Raises `UnreadableFile` when the file's bytes cannot be read, after the rows read before the error.
@@ -172,7 +178,9 @@ def read_chunk(chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
         raise UnreadableFile(chunk.url, err) from err
 
 
-def _read(chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
+def _read(
+    chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
+) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
     fs, path = filesystem(chunk.url, storage_options)
     if chunk.kind == "parquet":
         with fs.open(path, "rb") as f:

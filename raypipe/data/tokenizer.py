@@ -30,7 +30,17 @@ class TokenizerSpec:
     reserved: tuple[str, ...]  # special tokens content must not contain
 
     def digest(self) -> str:
-        blob = json.dumps([self.tokenizer_json, self.chat_template, self.template_kwargs, self.end_of_turn, self.end_of_turn_id, self.reserved], sort_keys=True)
+        blob = json.dumps(
+            [
+                self.tokenizer_json,
+                self.chat_template,
+                self.template_kwargs,
+                self.end_of_turn,
+                self.end_of_turn_id,
+                self.reserved,
+            ],
+            sort_keys=True,
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def template_digest(self) -> str:
@@ -59,7 +69,9 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
 def resolve_template(tok: PreTrainedTokenizerBase, chat_template: str | None, tokenizer_name: str) -> str:
     if chat_template is None:
         if not tok.chat_template:
-            raise ValueError(f"data.chat_template: tokenizer {tokenizer_name} has no chat template; set one of {', '.join(TEMPLATE_NAMES)} or a .jinja path")
+            raise ValueError(
+                f"data.chat_template: tokenizer {tokenizer_name} has no chat template; set one of {', '.join(TEMPLATE_NAMES)} or a .jinja path"
+            )
         return tok.chat_template
     if chat_template in TEMPLATE_NAMES:
         return load_template(chat_template)
@@ -69,7 +81,9 @@ def resolve_template(tok: PreTrainedTokenizerBase, chat_template: str | None, to
 PROBE_REPLY = "raypipe probe reply"
 
 
-def probe_end_of_turn(tok: PreTrainedTokenizerBase, template: str, template_kwargs: dict[str, Any], specials: tuple[str, ...]) -> str:
+def probe_end_of_turn(
+    tok: PreTrainedTokenizerBase, template: str, template_kwargs: dict[str, Any], specials: tuple[str, ...]
+) -> str:
     """The special token the template writes right after an assistant reply (e.g. `<|im_end|>`).
 
     The tokenizer's eos is no guide: Qwen's base checkpoints name `<|endoftext|>`,
@@ -79,11 +93,15 @@ def probe_end_of_turn(tok: PreTrainedTokenizerBase, template: str, template_kwar
     try:
         text = tok.apply_chat_template(messages, chat_template=template, tokenize=False, **template_kwargs)
     except Exception as err:  # noqa: BLE001 - any template error means the probe cannot tell
-        raise ValueError(f"data.end_of_turn: the template cannot render a probe conversation ({err}); set data.end_of_turn") from None
+        raise ValueError(
+            f"data.end_of_turn: the template cannot render a probe conversation ({err}); set data.end_of_turn"
+        ) from None
     tail = text[text.find(PROBE_REPLY) + len(PROBE_REPLY) :] if PROBE_REPLY in text else ""
     found = sorted((tail.find(t), t) for t in specials if t in tail)
     if not found or tail[: found[0][0]].strip():
-        raise ValueError(f"data.end_of_turn: the template writes {tail[:40]!r} after a reply, not a special token; set data.end_of_turn to the token that ends a turn")
+        raise ValueError(
+            f"data.end_of_turn: the template writes {tail[:40]!r} after a reply, not a special token; set data.end_of_turn to the token that ends a turn"
+        )
     return found[0][1]
 
 
@@ -95,7 +113,9 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
     end_of_turn = cfg.end_of_turn or probe_end_of_turn(tok, template, template_kwargs, reserved)
     end_of_turn_ids = tok.encode(end_of_turn, add_special_tokens=False)
     if end_of_turn not in reserved or len(end_of_turn_ids) != 1:
-        raise ValueError(f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: {', '.join(reserved)}")
+        raise ValueError(
+            f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: {', '.join(reserved)}"
+        )
     spec = TokenizerSpec(
         tokenizer_json=tok.backend_tokenizer.to_str(),
         chat_template=template,

@@ -47,7 +47,9 @@ def _local_copy(export: Storage, directory: str) -> str:
     return directory
 
 
-def _generate(config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]) -> list[Generation]:
+def _generate(
+    config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]
+) -> list[Generation]:
     """One vLLM engine: with the exported drafter, an untrained one of its shape, or none."""
     from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
@@ -61,7 +63,14 @@ def _generate(config: dict[str, Any], drafter: str | None, prompts: list[list[in
         elif drafter == UNTRAINED:
             build_drafter(target, cfg.train).save_pretrained(tmp)
             path = tmp
-        return generate_in_vllm(engine_args(target, cfg.serve), path, cfg.train.block_size - 1, prompts, temperatures, max_tokens=cfg.eval.max_tokens)
+        return generate_in_vllm(
+            engine_args(target, cfg.serve),
+            path,
+            cfg.train.block_size - 1,
+            prompts,
+            temperatures,
+            max_tokens=cfg.eval.max_tokens,
+        )
 
 
 def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[list[int]]) -> Replay:
@@ -84,8 +93,16 @@ def _record_metrics(run: str, trained: list[Generation], untrained: Generation |
     """The measured acceptance as Ray metrics (ray_raypipe_eval_*), beside the training ones on the dashboard."""
     from ray.util.metrics import Gauge
 
-    tau = Gauge("raypipe_eval_tau", "Acceptance length: vLLM-measured (drafter=trained|untrained) or the offline replay.", ("run", "drafter", "temperature", "method"))
-    speed = Gauge("raypipe_eval_tokens_per_s", "Generated tokens per second in vLLM with the trained drafter.", ("run", "temperature"))
+    tau = Gauge(
+        "raypipe_eval_tau",
+        "Acceptance length: vLLM-measured (drafter=trained|untrained) or the offline replay.",
+        ("run", "drafter", "temperature", "method"),
+    )
+    speed = Gauge(
+        "raypipe_eval_tokens_per_s",
+        "Generated tokens per second in vLLM with the trained drafter.",
+        ("run", "temperature"),
+    )
     for g in trained:
         tau.set(g.tau, {"run": run, "drafter": "trained", "temperature": f"{g.temperature:g}", "method": "vllm"})
         speed.set(g.tokens_per_s, {"run": run, "temperature": f"{g.temperature:g}"})
@@ -107,7 +124,11 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     config = cfg.model_dump()
     # A Serve replica's node type; the process exits after. The engine core runs in the task's process, so an
     # engine that cannot start raises vLLM's own error here instead of "Engine core initialization failed".
-    on_replica = {**replica_resources(cfg.serve), "max_calls": 1, "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}}
+    on_replica = {
+        **replica_resources(cfg.serve),
+        "max_calls": 1,
+        "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
+    }
     generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures
 
@@ -118,7 +139,10 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         trained = ray.get(generate.remote(config, TRAINED, prompts, temps))
     except ray.exceptions.RayTaskError as err:
         refused = _refusal(err)
-        print(f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay", flush=True)
+        print(
+            f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",
+            flush=True,
+        )
     print("[eval] vLLM without a drafter", flush=True)
     plain = ray.get(generate.remote(config, None, prompts, temps))
     untrained = None
@@ -135,7 +159,12 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         "run": cfg.name,
         "drafter": export.url,
         "target": cfg.serve.model,
-        "prompts": {"source": cfg.eval.prompts, "count": len(prompts), "first_ids": sample_ids[:5], "max_tokens": cfg.eval.max_tokens},
+        "prompts": {
+            "source": cfg.eval.prompts,
+            "count": len(prompts),
+            "first_ids": sample_ids[:5],
+            "max_tokens": cfg.eval.max_tokens,
+        },
         "num_speculative_tokens": cfg.train.block_size - 1,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
     }
@@ -155,5 +184,8 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     out.write_json("eval.json", doc)
     for c in doc["comparisons"]:
         if c["flagged"]:
-            print(f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} ({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)", flush=True)
+            print(
+                f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} ({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)",
+                flush=True,
+            )
     return doc

@@ -35,11 +35,21 @@ class Replay:
         return 1.0 + self.accepted / self.steps if self.steps else 1.0
 
     def __add__(self, other: Replay) -> Replay:
-        return Replay(self.steps + other.steps, self.accepted + other.accepted, [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)])
+        return Replay(
+            self.steps + other.steps,
+            self.accepted + other.accepted,
+            [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)],
+        )
 
     def summary(self) -> dict[str, Any]:
         rates = [a / self.steps for a in self.accepted_per_position] if self.steps else []
-        return {"steps": self.steps, "accepted_tokens": self.accepted, "accepted_per_position": self.accepted_per_position, "tau": self.tau, "acceptance_per_position": rates}
+        return {
+            "steps": self.steps,
+            "accepted_tokens": self.accepted,
+            "accepted_per_position": self.accepted_per_position,
+            "tau": self.tau,
+            "acceptance_per_position": rates,
+        }
 
 
 def walk(accepted: np.ndarray, start: int, end: int, width: int) -> Replay:
@@ -61,7 +71,9 @@ def walk(accepted: np.ndarray, start: int, end: int, width: int) -> Replay:
 
 
 @torch.no_grad()
-def accepted_at_every_position(drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int) -> np.ndarray:
+def accepted_at_every_position(
+    drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int
+) -> np.ndarray:
     """accepted[p] for every reply position p but the last: drafted tokens after anchor p matching ids."""
     block = drafter.block_size
     n = len(ids)
@@ -99,7 +111,9 @@ def load_drafter(drafter: Any, directory: str) -> Any:
     missing, unexpected = drafter.load_state_dict(load_file(f"{directory}/model.safetensors"), strict=False)
     trainable = {n for n, p in drafter.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):
-        raise ValueError(f"{directory} does not fit the drafter built from this config: missing {sorted(trainable & set(missing))}, unexpected {unexpected}")
+        raise ValueError(
+            f"{directory} does not fit the drafter built from this config: missing {sorted(trainable & set(missing))}, unexpected {unexpected}"
+        )
     return drafter.eval()
 
 

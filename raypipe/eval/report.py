@@ -34,8 +34,13 @@ def training_estimate(steps: list[dict[str, float]], share: float = 0.1) -> floa
 
 
 def measurements(
-    trained: list[Generation], refused: str | None, plain: list[Generation], untrained: Generation | None, offline: Replay,
-    steps: list[dict[str, float]], threshold: float,
+    trained: list[Generation],
+    refused: str | None,
+    plain: list[Generation],
+    untrained: Generation | None,
+    offline: Replay,
+    steps: list[dict[str, float]],
+    threshold: float,
 ) -> dict[str, Any]:
     """The measured part of eval.json: τ, each engine's counters, and the estimates set against vLLM.
 
@@ -52,7 +57,11 @@ def measurements(
         "vllm_without_drafter": [g.summary() for g in plain],
         "vllm_untrained_drafter": untrained.summary() if untrained else None,
         "offline_replay": offline.summary(),
-        "training": {"steps": steps[-1]["step"] if steps else 0, "final_loss": steps[-1]["loss"] if steps else None, "tau_estimate": training_estimate(steps) if steps else None},
+        "training": {
+            "steps": steps[-1]["step"] if steps else 0,
+            "final_loss": steps[-1]["loss"] if steps else None,
+            "tau_estimate": training_estimate(steps) if steps else None,
+        },
         "comparisons": [],
         "disagreement": False,
         "greedy_replies_match_without_drafter": None,
@@ -99,7 +108,12 @@ def plot_acceptance(series: dict[str, list[float]], path: Path) -> None:
     bar = 0.8 / len(series)
     for i, (label, rates) in enumerate(series.items()):
         ax.bar([p + 1 + (i - (len(series) - 1) / 2) * bar for p in range(len(rates))], rates, width=bar, label=label)
-    ax.set(title="Acceptance by draft position", xlabel="draft position (1 = first drafted token)", ylabel="accepted / verification steps", ylim=(0, 1.05))
+    ax.set(
+        title="Acceptance by draft position",
+        xlabel="draft position (1 = first drafted token)",
+        ylabel="accepted / verification steps",
+        ylim=(0, 1.05),
+    )
     ax.set_xticks(range(1, width + 1))
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)

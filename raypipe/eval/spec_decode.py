@@ -50,7 +50,13 @@ class Generation:
         """Everything but the replies, plus τ, per-position acceptance rates and tokens/s."""
         doc = {k: v for k, v in asdict(self).items() if k != "replies"}
         rates = [a / self.drafts for a in self.accepted_per_position] if self.drafts else []
-        return {**doc, "generated_tokens": self.generated_tokens, "tokens_per_s": self.tokens_per_s, "tau": self.tau, "acceptance_per_position": rates}
+        return {
+            **doc,
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_s": self.tokens_per_s,
+            "tau": self.tau,
+            "acceptance_per_position": rates,
+        }
 
 
 def _read(llm: Any) -> dict[str, Any]:
@@ -68,24 +74,36 @@ def _read(llm: Any) -> dict[str, Any]:
 
 
 def generate_in_vllm(
-    engine: dict[str, Any], drafter: str | None, num_speculative_tokens: int, prompts: list[list[int]], temperatures: list[float], *, max_tokens: int
+    engine: dict[str, Any],
+    drafter: str | None,
+    num_speculative_tokens: int,
+    prompts: list[list[int]],
+    temperatures: list[float],
+    *,
+    max_tokens: int,
 ) -> list[Generation]:
     """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args), speculative when `drafter` is given."""
     from vllm import LLM, SamplingParams
 
     from raypipe.serve.reaper import engine_processes
 
-    speculative = {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens} if drafter else None
+    speculative = (
+        {"method": "dflash", "model": drafter, "num_speculative_tokens": num_speculative_tokens} if drafter else None
+    )
     with engine_processes() as processes:  # the engine core's and workers' processes, ended by pid when this ends
         llm = LLM(**engine, speculative_config=speculative)
     try:
-        llm.generate([{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False)  # warm-up
+        llm.generate(
+            [{"prompt_token_ids": p} for p in prompts[:4]], SamplingParams(max_tokens=8), use_tqdm=False
+        )  # warm-up
         runs = []
         for temperature in temperatures:
             before = _read(llm)
             start = time.perf_counter()
             outputs = llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0), use_tqdm=False
+                [{"prompt_token_ids": p} for p in prompts],
+                SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0),
+                use_tqdm=False,
             )
             seconds = time.perf_counter() - start
             after = _read(llm)
@@ -98,7 +116,10 @@ def generate_in_vllm(
                     drafts=after["drafts"] - before["drafts"],
                     draft_tokens=after["draft_tokens"] - before["draft_tokens"],
                     accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-                    accepted_per_position=[a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)],
+                    accepted_per_position=[
+                        a - b
+                        for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)
+                    ],
                 )
             )
         return runs

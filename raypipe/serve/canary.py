@@ -41,15 +41,24 @@ class CanaryReport:
         bad = [f"layer {i}: relative error {e:.3g}" for i, e in zip(self.layer_ids, self.errors) if e > self.tolerance]
         if not bad:
             return f"canary ok: max relative error {max(self.errors):.3g} <= {self.tolerance}"
-        return f"canary failed (tolerance {self.tolerance}): " + "; ".join(bad) + ": check the layer mapping and the final norm"
+        return (
+            f"canary failed (tolerance {self.tolerance}): "
+            + "; ".join(bad)
+            + ": check the layer mapping and the final norm"
+        )
 
 
-def compare_states(got: list[torch.Tensor], ref: list[torch.Tensor], layer_ids: tuple[int, ...], tolerance: float = BF16_TOLERANCE) -> CanaryReport:
+def compare_states(
+    got: list[torch.Tensor], ref: list[torch.Tensor], layer_ids: tuple[int, ...], tolerance: float = BF16_TOLERANCE
+) -> CanaryReport:
     """Per-layer error of `got` against `ref`, both lists of [T, n_layers, H]."""
     assert len(got) == len(ref) and all(g.shape == r.shape for g, r in zip(got, ref)), "canary shapes differ"
     errors = []
     for j in range(len(layer_ids)):
-        err = max(float((g[:, j].float() - r[:, j].float()).abs().max() / r[:, j].float().abs().max().clamp_min(1e-12)) for g, r in zip(got, ref))
+        err = max(
+            float((g[:, j].float() - r[:, j].float()).abs().max() / r[:, j].float().abs().max().clamp_min(1e-12))
+            for g, r in zip(got, ref)
+        )
         errors.append(err)
     return CanaryReport(tuple(layer_ids), tuple(errors), tolerance)
 
@@ -71,7 +80,9 @@ class Canary:
         self.runs = 0
         self.reference_dtype: str | None = None
         self._reference: tuple[list[list[int]], list[torch.Tensor]] | None = None
-        self._lock = asyncio.Lock()  # one run at a time: two at once would load two references and double the engine's load
+        self._lock = (
+            asyncio.Lock()
+        )  # one run at a time: two at once would load two references and double the engine's load
 
     def _build(self) -> tuple[list[list[int]], list[torch.Tensor]]:
         from raypipe.serve.hf_engine import TransformersEngine
@@ -86,7 +97,9 @@ class Canary:
         """Compare the states `served` returns for the canary prompts with the reference, per layer."""
         async with self._lock:
             if self._reference is None:
-                self._reference = await asyncio.to_thread(self._build)  # the replica keeps answering health checks meanwhile
+                self._reference = await asyncio.to_thread(
+                    self._build
+                )  # the replica keeps answering health checks meanwhile
             prompts, reference = self._reference
             got = await served(prompts)
             self.runs += 1

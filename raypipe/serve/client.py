@@ -24,7 +24,9 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 
 class HiddenStateClient:
-    def __init__(self, handle: Any, max_in_flight: int = 4, timeout_s: float = 300.0, retries: int = 6, backoff_s: float = 0.5) -> None:
+    def __init__(
+        self, handle: Any, max_in_flight: int = 4, timeout_s: float = 300.0, retries: int = 6, backoff_s: float = 0.5
+    ) -> None:
         import ray
 
         self.handle = handle

@@ -44,7 +44,9 @@ class HiddenStatesConnector(ExampleHiddenStatesConnector):
         if self._kv_cache is None or self._kv_cache.is_cuda or not self._is_tp_rank_zero:
             return super()._submit_async_write(pending)
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
-        slots = (torch.arange(self._block_size, dtype=torch.long)[None, :] + blocks[:, None] * self._block_size).flatten()
+        slots = (
+            torch.arange(self._block_size, dtype=torch.long)[None, :] + blocks[:, None] * self._block_size
+        ).flatten()
         tensors = {
             "hidden_states": extract_from_kv_cache(self._kv_cache, slots, pending.token_ids.shape[0]).contiguous(),
             "token_ids": pending.token_ids.clone(),

@@ -35,7 +35,16 @@ from raypipe.serve.canary import Canary, CanaryReport
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.reaper import reap_orphans
-from raypipe.serve.transport import StateFile, as_tensor, discard, hand_over, read_array, reclaim_orphans, replica_dir, write_states
+from raypipe.serve.transport import (
+    StateFile,
+    as_tensor,
+    discard,
+    hand_over,
+    read_array,
+    reclaim_orphans,
+    replica_dir,
+    write_states,
+)
 from raypipe.serve.validate import validate_batch
 from raypipe.target import BUILTIN_TARGETS, resolve_model, resolve_target
 
@@ -108,8 +117,15 @@ class HiddenStateService:
 
             self.engine: Any = VllmEngine(target, cfg, self.directory)
         else:
-            self.engine = ReferenceEngine(TransformersEngine(target.path, self.layer_ids, dtype=cfg.dtype), self.directory)
-        self.identity = {"engine": cfg.engine, "model": cfg.model, "layer_ids": list(self.layer_ids), "dtype": cfg.dtype}
+            self.engine = ReferenceEngine(
+                TransformersEngine(target.path, self.layer_ids, dtype=cfg.dtype), self.directory
+            )
+        self.identity = {
+            "engine": cfg.engine,
+            "model": cfg.model,
+            "layer_ids": list(self.layer_ids),
+            "dtype": cfg.dtype,
+        }
         self.limits = {
             "vocab_size": target.shape.vocab_size,
             "max_len": cfg.max_model_len,
@@ -124,7 +140,9 @@ class HiddenStateService:
         self.canary_check = Canary(target.path, self.layer_ids)
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
         self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
-        self.m_latency = Histogram("raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",))
+        self.m_latency = Histogram(
+            "raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",)
+        )
         self.m_queue = Gauge("raypipe_serve_queue_depth", "Sequences inside the engine (running or waiting).")
         self.m_canary = Gauge("raypipe_serve_canary_ok", "1 if the last parity canary passed, else 0.")
         self.canary_mode = cfg.canary
@@ -178,7 +196,13 @@ class HiddenStateService:
             results = await work
         except Exception:  # noqa: BLE001 - a failed hand-over removed its files itself
             return
-        await asyncio.to_thread(lambda: [discard(r) if isinstance(r, str) else Path(r.path).unlink(missing_ok=True) for r in results if isinstance(r, (str, StateFile))])
+        await asyncio.to_thread(
+            lambda: [
+                discard(r) if isinstance(r, str) else Path(r.path).unlink(missing_ok=True)
+                for r in results
+                if isinstance(r, (str, StateFile))
+            ]
+        )
 
     async def _canary_states(self, prompts: list[list[int]]) -> list[Any]:
         """The engine's states for the canary prompts, through the same path as every request."""
@@ -196,7 +220,9 @@ class HiddenStateService:
         self.m_tokens.inc(sum(map(len, batch)), tags)
         self.m_latency.observe(time.perf_counter() - start, tags)
 
-    async def extract(self, batch: list[list[int]], node_id: str | None = None, owner_pid: int | None = None) -> list[StateFile | np.ndarray]:
+    async def extract(
+        self, batch: list[list[int]], node_id: str | None = None, owner_pid: int | None = None
+    ) -> list[StateFile | np.ndarray]:
         """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner_pid` when
         the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store."""
         validate_batch(batch, **self.limits)
@@ -242,7 +268,11 @@ class HiddenStateService:
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "canary": self.last_canary.message() if self.last_canary else None,
-            "canary_reference": {"builds": self.canary_check.builds, "runs": self.canary_check.runs, "dtype": self.canary_check.reference_dtype},
+            "canary_reference": {
+                "builds": self.canary_check.builds,
+                "runs": self.canary_check.runs,
+                "dtype": self.canary_check.reference_dtype,
+            },
             "engine_pids": self.engine.engine_pids,  # the vLLM processes this replica started (raypipe.serve.reaper)
         }
 
@@ -315,7 +345,12 @@ def attach_service(cfg: ServeConfig) -> Any | None:
         return None
     handle = serve.get_app_handle(APP_NAME)
     running = handle.describe.remote().result()
-    wanted = {"engine": cfg.engine, "model": cfg.model, "dtype": cfg.dtype, "layer_ids": cfg.layer_ids or running["layer_ids"]}
+    wanted = {
+        "engine": cfg.engine,
+        "model": cfg.model,
+        "dtype": cfg.dtype,
+        "layer_ids": cfg.layer_ids or running["layer_ids"],
+    }
     if running != wanted:
         raise ValueError(
             f"the running hidden-state service serves {running}, this config needs {wanted}; "
@@ -330,5 +365,7 @@ def ensure_service(cfg: ServeConfig) -> Any:
     if handle is not None:
         return handle
     if cfg.model in BUILTIN_TARGETS:
-        resolve_model(cfg.model)  # build it here with every core, not in the replica's one thread (it is cached on disk)
+        resolve_model(
+            cfg.model
+        )  # build it here with every core, not in the replica's one thread (it is cached on disk)
     return run_service(cfg, blocking=False)

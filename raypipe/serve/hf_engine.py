@@ -25,14 +25,20 @@ def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
     decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"{type(model).__name__}: its decoder {type(decoder).__name__} has no `layers` list; raypipe cannot hook its hidden states")
+        raise ValueError(
+            f"{type(model).__name__}: its decoder {type(decoder).__name__} has no `layers` list; raypipe cannot hook its hidden states"
+        )
     return decoder, model.get_input_embeddings(), layers
 
 
 class TransformersEngine:
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...], dtype: str = "float32", device: str = "cpu") -> None:
         self.device = torch.device(device)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype)).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+            .to(self.device)
+            .eval()
+        )
         self.decoder, embeddings, layers = decoder_parts(self.model)
         check_layer_ids(layer_ids, len(layers))
         self.layer_ids = tuple(layer_ids)

@@ -9,7 +9,9 @@ class BadRequest(ValueError):
     """A request the service refuses; the replica stays healthy."""
 
 
-def validate_batch(batch: Any, *, vocab_size: int, max_len: int, max_sequences: int, max_tokens: int) -> list[list[int]]:
+def validate_batch(
+    batch: Any, *, vocab_size: int, max_len: int, max_sequences: int, max_tokens: int
+) -> list[list[int]]:
     """A list of non-empty token-id lists, each id in [0, vocab_size), each within max_len."""
     if not isinstance(batch, list) or not batch:
         raise BadRequest(f"expected a non-empty list of token-id lists, got {type(batch).__name__}")

@@ -40,7 +40,9 @@ class VllmEngine:
                     speculative_config={
                         "method": "extract_hidden_states",
                         "num_speculative_tokens": 1,
-                        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}},
+                        "draft_model_config": {
+                            "hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}
+                        },
                     },
                     kv_transfer_config=KVTransferConfig(
                         kv_connector="HiddenStatesConnector",
@@ -70,10 +72,16 @@ class VllmEngine:
         from vllm import SamplingParams
 
         params = SamplingParams(
-            temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens, seed=sampling.seed, stop_token_ids=list(sampling.stop_token_ids)
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            seed=sampling.seed,
+            stop_token_ids=list(sampling.stop_token_ids),
         )
         final = await self._final(ids, params)
-        await asyncio.to_thread(discard, final.kv_transfer_params["hidden_states_path"])  # every finished request writes states
+        await asyncio.to_thread(
+            discard, final.kv_transfer_params["hidden_states_path"]
+        )  # every finished request writes states
         return list(final.outputs[0].token_ids)
 
     @property

@@ -47,7 +47,9 @@ def pack_host(rows: list[Row], states: list[Any], pin: bool) -> dict[str, torch.
     file, an object-store array, a cached tensor), into the step's buffer.
     """
     for r, s in zip(rows, states):
-        assert s.shape[0] == len(r.input_ids), f"states of {r.sample_id} have {s.shape[0]} positions for {len(r.input_ids)} tokens"
+        assert s.shape[0] == len(r.input_ids), (
+            f"states of {r.sample_id} have {s.shape[0]} positions for {len(r.input_ids)} tokens"
+        )
     t = sum(len(r.input_ids) for r in rows)
     hidden = torch.empty((t, *states[0].shape[1:]), dtype=states_dtype(states[0]), pin_memory=pin)
     start = 0
@@ -82,11 +84,15 @@ def drafter_inputs(packed: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[
 class DeviceFeeder:
     """Iterates (step, drafter inputs on `device`), packing and copying up to `depth` steps ahead on a thread."""
 
-    def __init__(self, steps: Iterator[tuple[Step, list[Any]]], device: torch.device, dtype: torch.dtype, depth: int = 2) -> None:
+    def __init__(
+        self, steps: Iterator[tuple[Step, list[Any]]], device: torch.device, dtype: torch.dtype, depth: int = 2
+    ) -> None:
         self.device = device
         self.dtype = dtype
         self.cuda = device.type == "cuda"
-        self._queue: queue.Queue[tuple[Step, dict[str, torch.Tensor], Any] | BaseException | None] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[tuple[Step, dict[str, torch.Tensor], Any] | BaseException | None] = queue.Queue(
+            maxsize=depth
+        )
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, args=(steps,), name="raypipe-device-feeder", daemon=True)
         self._thread.start()

@@ -28,7 +28,6 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file
-from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
@@ -36,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.tensor import DTensor
 
 from raypipe.config import redact
 from raypipe.train.step import any_rank
@@ -59,8 +59,15 @@ def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
 
 
 def save_checkpoint(
-    directory: Path, model: torch.nn.Module, drafter: Any, optimizer: torch.optim.Optimizer, scheduler: Any,
-    state: TrainingState, config: dict[str, Any], provenance: dict[str, Any], write: bool,
+    directory: Path,
+    model: torch.nn.Module,
+    drafter: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainingState,
+    config: dict[str, Any],
+    provenance: dict[str, Any],
+    write: bool,
 ) -> None:
     """Gather full states on every rank (collective); only the rank with `write` writes the files. A non-finite model is
     refused on every rank with a ValueError, before anything is gathered or written."""
@@ -83,10 +90,14 @@ def save_checkpoint(
     (directory / "provenance.json").write_text(json.dumps(provenance, indent=1))
 
 
-def load_checkpoint(directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> TrainingState:
+def load_checkpoint(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any
+) -> TrainingState:
     """Restore trainable weights, optimizer and scheduler on every rank; returns where training stopped."""
     options = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(model, load_file(str(directory / "drafter" / "model.safetensors")), options=options)
-    set_optimizer_state_dict(model, optimizer, torch.load(directory / "optimizer.pt", weights_only=True), options=options)
+    set_optimizer_state_dict(
+        model, optimizer, torch.load(directory / "optimizer.pt", weights_only=True), options=options
+    )
     scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=True))
     return TrainingState(**json.loads((directory / STATE_FILE).read_text()))

@@ -43,7 +43,9 @@ def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) ->
         return int(tokenizer.mask_token_id)
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
-    raise ValueError(f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use as mask")
+    raise ValueError(
+        f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use as mask"
+    )
 
 
 def aux_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
@@ -70,7 +72,9 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
     )
     # Qwen3.5/3.6 rotate with M-RoPE, which equals RoPE on text. The drafter trains with plain RoPE (its layers
     # ignore mrope_*), and vLLM refuses a drafter whose config names M-RoPE (speculators issue 570).
-    layer_config.rope_parameters = {k: v for k, v in (layer_config.rope_parameters or {}).items() if not k.startswith("mrope")}
+    layer_config.rope_parameters = {
+        k: v for k, v in (layer_config.rope_parameters or {}).items() if not k.startswith("mrope")
+    }
     kwargs = DFlashDraftModel._build_base_config_kwargs(  # noqa: SLF001 - what from_training_args does, minus reading weights
         "dflash",
         layer_config,

@@ -36,9 +36,26 @@ from raypipe.train.replies import open_rows
 TRAIN_DIR = "ray_train"
 # train.* a resume may change: how the run is executed, not what it trains.
 EXECUTION = {
-    "output", "storage_options", "hidden_states", "cache", "store_misses", "prefetch", "reply_max_sequences", "num_workers", "use_gpu",
-    "cpus_per_worker", "resource", "placement_strategy", "strategy", "attention", "log_every", "checkpoint_every", "keep_checkpoints", "max_failures",
-    "max_nonfinite_steps", "reply_timeout_s",
+    "output",
+    "storage_options",
+    "hidden_states",
+    "cache",
+    "store_misses",
+    "prefetch",
+    "reply_max_sequences",
+    "num_workers",
+    "use_gpu",
+    "cpus_per_worker",
+    "resource",
+    "placement_strategy",
+    "strategy",
+    "attention",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "max_failures",
+    "max_nonfinite_steps",
+    "reply_timeout_s",
 }
 
 
@@ -60,7 +77,9 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
 
     storage, pyarrow_fs = _train_storage(cfg)
     if not storage.exists(cfg.name):
-        raise ValueError(f"no training run {cfg.name!r} under {storage.url}: train first (`raypipe train` with this config)")
+        raise ValueError(
+            f"no training run {cfg.name!r} under {storage.url}: train first (`raypipe train` with this config)"
+        )
     result = Result.from_path(storage.path(cfg.name), storage_filesystem=pyarrow_fs)
     if result.checkpoint is None:
         raise ValueError(f"training run {cfg.name!r} under {storage.url} has no checkpoint yet")
@@ -71,7 +90,12 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
 def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
     """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, train.* but EXECUTION."""
     train = {f"train.{k}": v for k, v in config["train"].items() if k not in EXECUTION}
-    return {"data manifest sha256": manifest_sha256, "serve.model": config["serve"]["model"], "serve.layer_ids": config["serve"]["layer_ids"], **train}
+    return {
+        "data manifest sha256": manifest_sha256,
+        "serve.model": config["serve"]["model"],
+        "serve.layer_ids": config["serve"]["layer_ids"],
+        **train,
+    }
 
 
 def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) -> None:
@@ -80,7 +104,11 @@ def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) ->
     saved = trained_with(latest.read_json("config.json"), latest.read_json("provenance.json")["data_manifest_sha256"])
     manifest = PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options).manifest_bytes()
     now = trained_with(cfg.public_dump(), hashlib.sha256(manifest).hexdigest())
-    changed = [f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now" for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)]
+    changed = [
+        f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now"
+        for k in sorted(saved.keys() | now.keys())
+        if saved.get(k) != now.get(k)
+    ]
     if changed:
         raise ValueError(
             f"training run {cfg.name!r} under {storage.url} was trained with other settings or data ({'; '.join(changed)}); resuming or exporting "
@@ -91,7 +119,9 @@ def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) ->
 def check_resume(cfg: RaypipeConfig) -> None:
     """Before training: a run Ray Train would restore (it has a recorded checkpoint) must have been trained with these settings."""
     from ray.train import Result
-    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME  # what Ray Train restores a run from
+    from ray.train.v2._internal.constants import (
+        CHECKPOINT_MANAGER_SNAPSHOT_FILENAME,
+    )  # what Ray Train restores a run from
 
     storage, pyarrow_fs = _train_storage(cfg)
     storage.refresh()  # a killed run's workers wrote here from other processes
@@ -110,9 +140,15 @@ def latest_checkpoint(cfg: RaypipeConfig) -> Storage:
 def best_checkpoint(cfg: RaypipeConfig) -> Storage:
     """The kept checkpoint with the lowest finite `train_loss` (the latest when it is the best): what export takes."""
     storage, result = _recorded(cfg)
-    scored = [(m[SCORE], c) for c, m in result.best_checkpoints if isinstance(m.get(SCORE), (int, float)) and math.isfinite(m[SCORE])]
+    scored = [
+        (m[SCORE], c)
+        for c, m in result.best_checkpoints
+        if isinstance(m.get(SCORE), (int, float)) and math.isfinite(m[SCORE])
+    ]
     if not scored:
-        raise ValueError(f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it was skipped as non-finite")
+        raise ValueError(
+            f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it was skipped as non-finite"
+        )
     best = min(scored, key=lambda sc: sc[0])[1]
     return storage.child(best.path[len(storage.root.rstrip("/")) + 1 :])
 
@@ -125,7 +161,9 @@ def run_config(cfg: RaypipeConfig) -> Any:
         name=cfg.name,
         storage_path=storage.path(),
         storage_filesystem=pyarrow_fs,
-        checkpoint_config=CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"),
+        checkpoint_config=CheckpointConfig(
+            num_to_keep=cfg.train.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"
+        ),
         failure_config=FailureConfig(max_failures=cfg.train.max_failures),
     )
 
@@ -139,7 +177,12 @@ def scaling_config(cfg: RaypipeConfig) -> Any:
         resources["GPU"] = 1
     if tc.resource:
         resources[tc.resource] = 1
-    return ScalingConfig(num_workers=tc.num_workers, use_gpu=tc.use_gpu, resources_per_worker=resources, placement_strategy=tc.placement_strategy)
+    return ScalingConfig(
+        num_workers=tc.num_workers,
+        use_gpu=tc.use_gpu,
+        resources_per_worker=resources,
+        placement_strategy=tc.placement_strategy,
+    )
 
 
 def run_training(cfg: RaypipeConfig) -> Any:
@@ -156,7 +199,9 @@ def run_training(cfg: RaypipeConfig) -> Any:
     check_resume(cfg)  # before the replies' meta is written or a worker starts
     missing = open_rows(cfg).shards_needing_replies()  # fail here, not in every retried worker
     if missing:
-        raise ValueError(f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first (raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)")
+        raise ValueError(
+            f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first (raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
+        )
     return build_trainer(cfg).fit()
 
 
@@ -167,7 +212,9 @@ def build_trainer(cfg: RaypipeConfig) -> Any:
 
     return TorchTrainer(
         functools.partial(train_worker, {"config": cfg.model_dump()}),
-        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"),  # checkpoint gathers use CPU tensors
+        torch_config=TorchConfig(
+            backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"
+        ),  # checkpoint gathers use CPU tensors
         scaling_config=scaling_config(cfg),
         run_config=run_config(cfg),
     )

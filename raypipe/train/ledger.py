@@ -37,8 +37,17 @@ class Ledger:
     def flush(self, end_cursor: int) -> None:
         if self.start is not None:
             epoch, start = self.start
-            doc = {"epoch": epoch, "packs": [start, end_cursor], "rank": self.rank, "pid": os.getpid(), "sample_ids": self.ids, "steps": self.steps}
-            self.storage.write_json(f"epoch-{epoch:04d}/packs-{start:09d}-{end_cursor:09d}.rank-{self.rank:04d}.json", doc)
+            doc = {
+                "epoch": epoch,
+                "packs": [start, end_cursor],
+                "rank": self.rank,
+                "pid": os.getpid(),
+                "sample_ids": self.ids,
+                "steps": self.steps,
+            }
+            self.storage.write_json(
+                f"epoch-{epoch:04d}/packs-{start:09d}-{end_cursor:09d}.rank-{self.rank:04d}.json", doc
+            )
         self.ids, self.steps, self.start = [], [], None
 
     def drop_after(self, epoch: int, cursor: int) -> None:
@@ -59,4 +68,6 @@ def read_ledger(run: Storage, name: str, epoch: int) -> list[dict[str, Any]]:
 def read_training_curve(run: Storage, name: str) -> list[dict[str, float]]:
     """Every logged interval's metrics of run `name` (rank 0's ledger entries), in step order."""
     epochs = sorted(int(rel.rsplit("-", 1)[1]) for rel in run.glob(f"ledger/{name}/epoch-*"))
-    return sorted((s for e in epochs for seg in read_ledger(run, name, e) for s in seg["steps"]), key=lambda s: s["step"])
+    return sorted(
+        (s for e in epochs for seg in read_ledger(run, name, e) for s in seg["steps"]), key=lambda s: s["step"]
+    )

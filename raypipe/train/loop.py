@@ -85,14 +85,20 @@ class Worker:
         self.run = Storage(cfg.train.output, cfg.train.storage_options)
         self.rows = open_rows(cfg, cache_shards=cfg.train.shuffle_window + 1)
         reclaim_orphans()  # state files handed to a previous attempt's trainers on this node
-        self.client = HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.prefetch) if cfg.train.hidden_states != "offline" else None
+        self.client = (
+            HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.prefetch)
+            if cfg.train.hidden_states != "offline"
+            else None
+        )
 
 
 def load_replies(w: Worker) -> None:
     """Every needs_response row's stored reply; the reply pass runs before the workers start."""
     missing = w.rows.shards_needing_replies()
     if missing:
-        raise ValueError(f"{len(missing)} prepared shards have needs_response rows without stored replies; run the reply pass first (raypipe.train.replies.run_replies)")
+        raise ValueError(
+            f"{len(missing)} prepared shards have needs_response rows without stored replies; run the reply pass first (raypipe.train.replies.run_replies)"
+        )
     w.rows.load_replies()
 
 
@@ -100,7 +106,10 @@ def plan_epochs(w: Worker) -> tuple[list[EpochPlan], int]:
     """Every epoch's plan and the total optimizer steps (all epochs, capped by train.max_steps)."""
     tc = w.cfg.train
     lengths = w.rows.lengths()
-    plans = [plan_epoch(w.rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens) for e in range(tc.epochs)]
+    plans = [
+        plan_epoch(w.rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens)
+        for e in range(tc.epochs)
+    ]
     total = sum(p.steps(w.world) for p in plans)
     return plans, min(total, tc.max_steps) if tc.max_steps is not None else total
 
@@ -115,7 +124,9 @@ class Trainer:
         self.model = place_drafter(self.drafter, tc.strategy, w.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, tc.lr, tc.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio)
+        )
         self.state = TrainingState()
         self.ledger = Ledger(w.run.child(f"ledger/{w.cfg.name}"), w.rank)
         checkpoint = ray.train.get_checkpoint()
@@ -136,13 +147,23 @@ class Trainer:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         }
-        self.cache = StateCache(Storage(tc.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids)) if tc.cache else None
+        self.cache = (
+            StateCache(Storage(tc.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids))
+            if tc.cache
+            else None
+        )
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
         self.metrics = StepMetrics(w.device)
-        self.since_checkpoint = {"loss": 0.0, "trained": 0.0, "nonfinite_steps": 0.0}  # loss weighted by the steps that trained
+        self.since_checkpoint = {
+            "loss": 0.0,
+            "trained": 0.0,
+            "nonfinite_steps": 0.0,
+        }  # loss weighted by the steps that trained
         self.kwargs = step_kwargs(tc)
         self.autocast, self.states_dtype = precision(w.device)
-        torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors differ per rank and step, reproducibly
+        torch.manual_seed(
+            tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step
+        )  # anchors differ per rank and step, reproducibly
 
     def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
         """This rank's packs of `count` steps from `cursor`; a rank without a pack in the epoch's last step repeats its
@@ -150,13 +171,17 @@ class Trainer:
         w = self.w
         for s in range(count):
             index = plan.pack_index(cursor, s, w.rank, w.world)
-            yield Step(index, [w.rows.row(int(i)) for i in plan.packs[index if index is not None else cursor + s * w.world]])
+            yield Step(
+                index, [w.rows.row(int(i)) for i in plan.packs[index if index is not None else cursor + s * w.world]]
+            )
 
     def with_states(self, steps: Iterator[Step]) -> Iterator[tuple[Step, list[Any]]]:
         """Each step with its rows' hidden states, requested `prefetch` steps ahead."""
         for_ids, for_rows = itertools.tee(steps)
         packs = ([r.input_ids for r in step.rows] for step in for_ids)
-        return zip(for_rows, stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses))
+        return zip(
+            for_rows, stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses)
+        )
 
     def log(self, lr: float) -> dict[str, float]:
         """Reduce the interval's metrics (a collective), then report them from rank 0; stop a run that no longer learns
@@ -169,7 +194,9 @@ class Trainer:
         interval["trained"] += trained
         interval["nonfinite_steps"] += m["nonfinite_steps"]
         m.update(
-            epoch=self.state.epoch, step=self.state.step, lr=lr,
+            epoch=self.state.epoch,
+            step=self.state.step,
+            lr=lr,
             wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
             tokens_per_s=m["tokens"] / max(m["step_s"] / self.w.world, 1e-9),
         )
@@ -192,9 +219,22 @@ class Trainer:
         self.ledger.flush(self.state.cursor)
         interval = self.since_checkpoint
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(Path(tmp), self.model, self.drafter, self.optimizer, self.scheduler, self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
+            save_checkpoint(
+                Path(tmp),
+                self.model,
+                self.drafter,
+                self.optimizer,
+                self.scheduler,
+                self.state,
+                self.w.cfg.model_dump(),
+                self.provenance,
+                write=self.w.rank == 0,
+            )
             report = {k: m[k] for k in ("step", "epoch", "loss", "tau_estimate")}
-            report.update(train_loss=interval["loss"] / interval["trained"] if interval["trained"] else float("nan"), nonfinite_steps=interval["nonfinite_steps"])
+            report.update(
+                train_loss=interval["loss"] / interval["trained"] if interval["trained"] else float("nan"),
+                nonfinite_steps=interval["nonfinite_steps"],
+            )
             self.since_checkpoint = {"loss": 0.0, "trained": 0.0, "nonfinite_steps": 0.0}
             ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.w.rank == 0 else None)
 
@@ -205,17 +245,33 @@ class Trainer:
             count = min(plan.steps(self.w.world, state.cursor), self.total_steps - state.step)
             self.model.train()
             tick = time.perf_counter()
-            for step, batch in DeviceFeeder(self.with_states(self.steps_of_epoch(plan, state.cursor, count)), self.w.device, self.states_dtype):
+            for step, batch in DeviceFeeder(
+                self.with_states(self.steps_of_epoch(plan, state.cursor, count)), self.w.device, self.states_dtype
+            ):
                 waited = time.perf_counter() - tick
                 lr = self.optimizer.param_groups[0]["lr"]
                 weight = 1.0 if step.index is not None else 0.0
-                model_metrics = train_step(self.model, self.params, self.optimizer, self.scheduler, batch, self.kwargs, tc.grad_clip, weight, self.autocast)
+                model_metrics = train_step(
+                    self.model,
+                    self.params,
+                    self.optimizer,
+                    self.scheduler,
+                    batch,
+                    self.kwargs,
+                    tc.grad_clip,
+                    weight,
+                    self.autocast,
+                )
                 cursor_before = state.cursor
                 state.step += 1
                 state.cursor = min(state.cursor + self.w.world, len(plan.packs))
                 tokens = float(batch["input_ids"].shape[1]) if step.index is not None else 0.0
-                self.metrics.add(model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick, **step.sources)
-                self.ledger.add(state.epoch, cursor_before, [r.sample_id for r in step.rows] if step.index is not None else [])
+                self.metrics.add(
+                    model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick, **step.sources
+                )
+                self.ledger.add(
+                    state.epoch, cursor_before, [r.sample_id for r in step.rows] if step.index is not None else []
+                )
                 at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
                 checkpoint = state.step % tc.checkpoint_every == 0 or at_end
                 if state.step % tc.log_every == 0 or checkpoint:

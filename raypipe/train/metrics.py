@@ -48,7 +48,9 @@ class StepMetrics:
         vec = torch.stack([drafter[k].detach() for k in self.keys]).double()  # the drafter's metrics are on the device
         if NONFINITE in model_metrics:
             skipped = model_metrics[NONFINITE].detach().double()
-            vec = torch.where(skipped > 0, torch.zeros_like(vec), vec)  # a skipped step's metrics are NaN or meaningless
+            vec = torch.where(
+                skipped > 0, torch.zeros_like(vec), vec
+            )  # a skipped step's metrics are NaN or meaningless
             self.nonfinite = self.nonfinite + skipped
             self.run = (self.run + 1) * skipped
             self.longest = torch.maximum(self.longest, self.run)
@@ -70,7 +72,9 @@ class StepMetrics:
         """Means of the sum/total pairs (NaN when every step was skipped) and totals of the host values, over ranks and
         steps, with the skip counts; resets the sums."""
         assert self.keys is not None
-        summed = dict(zip([*self.keys, *sorted(self.host), "nonfinite_steps", "nonfinite_run"], self.reduced_on_device().tolist()))
+        summed = dict(
+            zip([*self.keys, *sorted(self.host), "nonfinite_steps", "nonfinite_run"], self.reduced_on_device().tolist())
+        )
         totals = {k: summed[k[: -len("_sum")] + "_total"] for k in self.keys if k.endswith("_sum")}
         out = {k[: -len("_sum")]: summed[k] / totals[k] if totals[k] > 0 else float("nan") for k in totals}
         out["tau_estimate"] = out.pop("eal")
@@ -92,13 +96,21 @@ class TrainMetrics:
         tags = ("run",)
         self.tags = {"run": run}
         self.loss = Gauge("raypipe_train_loss", "Training loss, mean over the last logged interval.", tags)
-        self.tau = Gauge("raypipe_train_tau_estimate", "Acceptance length estimated from the last interval's draft accuracy.", tags)
-        self.wait = Gauge("raypipe_train_wait_fraction", "Share of the last interval spent waiting for hidden states.", tags)
+        self.tau = Gauge(
+            "raypipe_train_tau_estimate", "Acceptance length estimated from the last interval's draft accuracy.", tags
+        )
+        self.wait = Gauge(
+            "raypipe_train_wait_fraction", "Share of the last interval spent waiting for hidden states.", tags
+        )
         self.lr = Gauge("raypipe_train_lr", "Learning rate.", tags)
         self.tokens_per_s = Gauge("raypipe_train_tokens_per_s", "Tokens trained per second, all workers.", tags)
         self.steps = Counter("raypipe_train_steps", "Optimizer steps taken.", tags)
-        self.nonfinite = Counter("raypipe_train_nonfinite_steps", "Steps skipped for a NaN or Inf loss or gradient norm.", tags)
-        self.accuracy = Gauge("raypipe_train_accuracy", "Draft accuracy of the last interval by block position.", ("run", "position"))
+        self.nonfinite = Counter(
+            "raypipe_train_nonfinite_steps", "Steps skipped for a NaN or Inf loss or gradient norm.", tags
+        )
+        self.accuracy = Gauge(
+            "raypipe_train_accuracy", "Draft accuracy of the last interval by block position.", ("run", "position")
+        )
 
     def record(self, m: dict[str, Any]) -> None:
         self.loss.set(m["loss"], self.tags)

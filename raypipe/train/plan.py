@@ -36,7 +36,9 @@ def pack_rows(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.nd
     for i, row in enumerate(order):
         n = int(lengths[row])
         if n > budget:
-            raise ValueError(f"row {row} has {n} tokens, more than train.step_tokens={budget}; raise train.step_tokens or lower data.max_length")
+            raise ValueError(
+                f"row {row} has {n} tokens, more than train.step_tokens={budget}; raise train.step_tokens or lower data.max_length"
+            )
         if used + n > budget:
             packs.append(order[start:i])
             start, used = i, 0
@@ -61,7 +63,9 @@ class EpochPlan:
         return index if index < len(self.packs) else None
 
 
-def plan_epoch(shard_sizes: list[int], lengths: np.ndarray, *, seed: int, epoch: int, window: int, budget: int) -> EpochPlan:
+def plan_epoch(
+    shard_sizes: list[int], lengths: np.ndarray, *, seed: int, epoch: int, window: int, budget: int
+) -> EpochPlan:
     return EpochPlan(epoch, pack_rows(epoch_order(shard_sizes, seed, epoch, window), lengths, budget))
 
 

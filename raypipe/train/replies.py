@@ -33,7 +33,12 @@ from raypipe.train.rows import PreparedRows
 
 def reply_sampling(cfg: RaypipeConfig, end_of_turn_id: int) -> dict[str, Any]:
     tc = cfg.train
-    return {"temperature": tc.reply_temperature, "max_tokens": tc.reply_max_tokens, "seed": tc.seed, "stop_token_ids": [end_of_turn_id]}
+    return {
+        "temperature": tc.reply_temperature,
+        "max_tokens": tc.reply_max_tokens,
+        "seed": tc.seed,
+        "stop_token_ids": [end_of_turn_id],
+    }
 
 
 def open_rows(cfg: RaypipeConfig, cache_shards: int = 8) -> PreparedRows:
@@ -66,8 +71,12 @@ class ReplyWriter:
 
         cfg = RaypipeConfig.model_validate(config)
         self.rows = open_rows(cfg)
-        with engine_processes():  # engine processes a killed writer leaves are ended, by pid, at the next engine start on the node
-            self.llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
+        with (
+            engine_processes()
+        ):  # engine processes a killed writer leaves are ended, by pid, at the next engine start on the node
+            self.llm = LLM(
+                **{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences}
+            )
         self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
 
     def write(self, shard: int) -> tuple[int, int, int, float]:
@@ -85,14 +94,18 @@ def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator
     import ray
 
     now = time.monotonic()
-    waiting: dict[Any, tuple[int | None, Any, float]] = {a.__ray_ready__.remote(): (None, a, now) for a in actors}  # None: the engine starting
+    waiting: dict[Any, tuple[int | None, Any, float]] = {
+        a.__ray_ready__.remote(): (None, a, now) for a in actors
+    }  # None: the engine starting
     queue, idle = list(shards), []
     while queue or any(shard is not None for shard, _, _ in waiting.values()):
         while queue and idle:
             actor, shard = idle.pop(), queue.pop(0)
             waiting[actor.write.remote(shard)] = (shard, actor, time.monotonic())
         if not waiting:
-            raise ValueError(f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has a Serve replica's resources free")
+            raise ValueError(
+                f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has a Serve replica's resources free"
+            )
         oldest = min(since for _, _, since in waiting.values())
         ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, oldest + timeout_s - time.monotonic()))
         if ready:
@@ -124,17 +137,32 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     if not todo:
         return {"shards": 0, "replies": 0, "tokens": 0}
     engines = min(cfg.serve.max_replicas, len(todo))
-    print(f"[replies] {len(todo)} shards need on-policy replies: {engines} vLLM engine(s), up to {cfg.train.reply_max_sequences} sequences each", flush=True)
-    options = {**replica_resources(cfg.serve), "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}}  # vLLM's own error surfaces here
+    print(
+        f"[replies] {len(todo)} shards need on-policy replies: {engines} vLLM engine(s), up to {cfg.train.reply_max_sequences} sequences each",
+        flush=True,
+    )
+    options = {
+        **replica_resources(cfg.serve),
+        "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}},
+    }  # vLLM's own error surfaces here
     writer = ray.remote(**options)(ReplyWriter)
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
     start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
     try:
         for done, (shard, n, t, seconds) in enumerate(_written(actors, todo, cfg.train.reply_timeout_s), 1):
             replies, tokens, busy = replies + n, tokens + t, busy + seconds
-            print(f"[replies] shard {shard} done ({done}/{len(todo)}): {replies} replies, {tokens * engines / busy:.0f} tokens/s while generating", flush=True)
+            print(
+                f"[replies] shard {shard} done ({done}/{len(todo)}): {replies} replies, {tokens * engines / busy:.0f} tokens/s while generating",
+                flush=True,
+            )
     finally:
         for actor in actors:
             ray.kill(actor)  # their CPUs or GPUs go to the service and the trainers
     # seconds: wall time with the engines' start; generating_s: summed over engines, shard generation and writing only
-    return {"shards": len(todo), "replies": replies, "tokens": tokens, "seconds": time.perf_counter() - start, "generating_s": busy}
+    return {
+        "shards": len(todo),
+        "replies": replies,
+        "tokens": tokens,
+        "seconds": time.perf_counter() - start,
+        "generating_s": busy,
+    }

@@ -60,9 +60,21 @@ class PreparedRows:
         self.offsets = np.concatenate([[0], np.cumsum(self.shard_sizes)]).astype(np.int64)
         metas = [self._read_meta(s) for s in range(len(self.shard_files))]
         self.sample_ids: list[str] = [sid for m in metas for sid in m.column("sample_id").to_pylist()]
-        self.needs_response = np.concatenate([m.column("needs_response").to_numpy(zero_copy_only=False) for m in metas]) if metas else np.zeros(0, bool)
-        self.prompt_len = np.concatenate([m.column("prompt_len").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
-        self._prepared_len = np.concatenate([m.column("num_tokens").to_numpy() for m in metas]).astype(np.int64) if metas else np.zeros(0, np.int64)
+        self.needs_response = (
+            np.concatenate([m.column("needs_response").to_numpy(zero_copy_only=False) for m in metas])
+            if metas
+            else np.zeros(0, bool)
+        )
+        self.prompt_len = (
+            np.concatenate([m.column("prompt_len").to_numpy() for m in metas]).astype(np.int64)
+            if metas
+            else np.zeros(0, np.int64)
+        )
+        self._prepared_len = (
+            np.concatenate([m.column("num_tokens").to_numpy() for m in metas]).astype(np.int64)
+            if metas
+            else np.zeros(0, np.int64)
+        )
         self._tables: OrderedDict[int, pa.Table] = OrderedDict()
         self._replies: dict[int, dict[int, np.ndarray]] = {}  # shard -> row position in the shard -> reply
         self._cache_shards = cache_shards
@@ -100,15 +112,19 @@ class PreparedRows:
         if self.replies.exists("meta.json"):
             found = self.replies.read_json("meta.json")
             if found != meta:
-                raise ValueError(f"{self.replies.url} holds replies made with {found}, not {meta}; use a new train.output or delete its replies/")
+                raise ValueError(
+                    f"{self.replies.url} holds replies made with {found}, not {meta}; use a new train.output or delete its replies/"
+                )
         elif write:
             self.replies.write_json("meta.json", meta)
 
     def shards_needing_replies(self) -> list[int]:
         """Shards with needs_response rows whose replies are not stored yet."""
         return [
-            s for s in range(len(self.shard_files))
-            if self.needs_response[self.offsets[s] : self.offsets[s + 1]].any() and not self.replies.exists(f"{shard_name(s)}.parquet")
+            s
+            for s in range(len(self.shard_files))
+            if self.needs_response[self.offsets[s] : self.offsets[s + 1]].any()
+            and not self.replies.exists(f"{shard_name(s)}.parquet")
         ]
 
     def prompts_of(self, shard: int) -> tuple[list[int], list[list[int]]]:
@@ -130,8 +146,15 @@ class PreparedRows:
             if not self.needs_response[lo:hi].any():
                 continue
             table = pq.read_table(io.BytesIO(self.replies.read(f"{shard_name(shard)}.parquet")))
-            self._replies[shard] = {int(r): np.asarray(ids, np.int64) for r, ids in zip(table.column("row").to_pylist(), table.column("reply_ids").to_pylist())}
-            missing = [self.sample_ids[i] for i in range(lo, hi) if self.needs_response[i] and int(i - lo) not in self._replies[shard]]
+            self._replies[shard] = {
+                int(r): np.asarray(ids, np.int64)
+                for r, ids in zip(table.column("row").to_pylist(), table.column("reply_ids").to_pylist())
+            }
+            missing = [
+                self.sample_ids[i]
+                for i in range(lo, hi)
+                if self.needs_response[i] and int(i - lo) not in self._replies[shard]
+            ]
             assert not missing, f"replies of shard {shard} lack {len(missing)} rows, e.g. {missing[0]}"
 
     def lengths(self) -> np.ndarray:

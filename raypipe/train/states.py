@@ -36,7 +36,9 @@ class StateCache:
         if storage.exists("meta.json"):
             found = storage.read_json("meta.json")
             if found != meta:
-                raise ValueError(f"train.cache {storage.url} holds states of {found}, not {meta}; point train.cache at a new directory")
+                raise ValueError(
+                    f"train.cache {storage.url} holds states of {found}, not {meta}; point train.cache at a new directory"
+                )
         else:
             storage.write_json("meta.json", meta)
 
@@ -59,7 +61,11 @@ class StateCache:
 
 
 def stream_states(
-    packs: Iterable[list[np.ndarray]], mode: str, client: Any | None, cache: StateCache | None, store_misses: bool = True
+    packs: Iterable[list[np.ndarray]],
+    mode: str,
+    client: Any | None,
+    cache: StateCache | None,
+    store_misses: bool = True,
 ) -> Iterator[list[Any]]:
     """States of each pack's sequences, pack by pack in order (copy them with raypipe.serve.transport.copy_states)."""
     if mode == "online":
@@ -93,7 +99,9 @@ def stream_states(
         for ids, hit in zip(seqs, hits):
             if hit is None:
                 hit = next(fetched)
-                if store_misses:  # stored, and the step still copies from what was delivered (so its metrics say how states arrived)
+                if (
+                    store_misses
+                ):  # stored, and the step still copies from what was delivered (so its metrics say how states arrived)
                     cache.put(ids, as_tensor(hit, keep_file=True))
             out.append(hit)
         yield out

@@ -44,7 +44,11 @@ def place_drafter(drafter: torch.nn.Module, strategy: str, device: torch.device)
     if strategy == "fsdp2":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if device.type == "cuda"
+            else MixedPrecisionPolicy()
+        )
         for layer in drafter.layers:
             fully_shard(layer, mp_policy=policy)
         return fully_shard(drafter, mp_policy=policy)
@@ -66,12 +70,21 @@ def any_rank(flag: torch.Tensor) -> torch.Tensor:
 
 
 def train_step(
-    model: torch.nn.Module, params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer, scheduler: Any,
-    batch: dict[str, torch.Tensor], kwargs: dict[str, Any], grad_clip: float, weight: float, autocast: AbstractContextManager[Any],
+    model: torch.nn.Module,
+    params: list[torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    batch: dict[str, torch.Tensor],
+    kwargs: dict[str, Any],
+    grad_clip: float,
+    weight: float,
+    autocast: AbstractContextManager[Any],
 ) -> dict[str, torch.Tensor]:
     """One optimizer step on one packed sequence; returns the drafter's metrics and `NONFINITE` (1.0 when the step was
     skipped), all device tensors, none read here. The schedule advances either way: it follows the data, not the updates."""
-    assert optimizer.defaults.get("fused"), "train_step skips non-finite steps through fused AdamW's found_inf: build the optimizer with make_optimizer"
+    assert optimizer.defaults.get("fused"), (
+        "train_step skips non-finite steps through fused AdamW's found_inf: build the optimizer with make_optimizer"
+    )
     with autocast:
         _, loss, model_metrics = model(**batch, **kwargs)
     (loss * weight).backward()

@@ -10,16 +10,28 @@ import torch
 
 from raypipe.assets.demo_target import build_demo_target, build_tokenizer, encode, make_conversation, make_request
 
+
 def greedy_replies(model_dir: str, prompts: list[str], max_new_tokens: int = 40) -> list[list[int]]:
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = Qwen3ForCausalLM.from_pretrained(model_dir).eval()
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, enable_thinking=False, tokenize=False) for p in prompts]
+    texts = [
+        tok.apply_chat_template(
+            [{"role": "user", "content": p}], add_generation_prompt=True, enable_thinking=False, tokenize=False
+        )
+        for p in prompts
+    ]
     batch = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        out = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
     replies = []
     for row in out[:, batch["input_ids"].shape[1] :].tolist():
         replies.append(row[: row.index(tok.eos_token_id) + 1] if tok.eos_token_id in row else row)
@@ -74,8 +86,12 @@ def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp
     from tests.conftest import data_config
 
     rng = random.Random(5)
-    conversations = [c for c in (make_conversation(rng) for _ in range(60)) if len(c) == 2][:20]  # one turn: no per-turn split
-    rows = [{"messages": c} for c in conversations[:10]] + [{"messages": c[:-1]} for c in conversations[10:]]  # the second half prompt-only
+    conversations = [c for c in (make_conversation(rng) for _ in range(60)) if len(c) == 2][
+        :20
+    ]  # one turn: no per-turn split
+    rows = [{"messages": c} for c in conversations[:10]] + [
+        {"messages": c[:-1]} for c in conversations[10:]
+    ]  # the second half prompt-only
     path = tmp_path / "demo.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = data_config(sources=[{"path": str(path)}], output=str(tmp_path / "out"), tokenizer="builtin:demo")
@@ -83,7 +99,9 @@ def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp
     [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)
     table = ShardPreparer(cfg, spec).prepare(chunk).table
     assert table.num_rows == 20 and table.column("needs_response").to_pylist() == [False] * 10 + [True] * 10
-    for ids, mask, messages in zip(table.column("input_ids").to_pylist()[:10], table.column("loss_mask").to_pylist(), conversations):
+    for ids, mask, messages in zip(
+        table.column("input_ids").to_pylist()[:10], table.column("loss_mask").to_pylist(), conversations
+    ):
         assert tok.unk_token_id not in ids
         trained = tok.decode([i for i, m in zip(ids, mask) if m], skip_special_tokens=True).split()
         assert trained == " ".join(m["content"] for m in messages if m["role"] == "assistant").split()

@@ -71,7 +71,9 @@ def test_chat_template_is_the_strict_one(qwen_tokenizer: PreTrainedTokenizerFast
     assert qwen_tokenizer.chat_template == load_template("qwen_strict")
 
 
-@pytest.mark.parametrize("text", ["naïve café 🤖🚀", "中文测试：你好，世界！", "  two  spaces\n\n\ttab", "x = [1, 2]\n"])
+@pytest.mark.parametrize(
+    "text", ["naïve café 🤖🚀", "中文测试：你好，世界！", "  two  spaces\n\n\ttab", "x = [1, 2]\n"]
+)
 def test_byte_level_round_trip(qwen_tokenizer: PreTrainedTokenizerFast, text: str) -> None:
     assert qwen_tokenizer.decode(qwen_tokenizer.encode(text, add_special_tokens=False)) == text
 

@@ -72,7 +72,9 @@ def test_strict_thinking_on_adds_nothing_to_prompt(qwen_tokenizer: PreTrainedTok
 
 
 def test_strict_thinking_off_adds_empty_think_block(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
-    text = strict(qwen_tokenizer, [{"role": "user", "content": "Hi"}], add_generation_prompt=True, enable_thinking=False)
+    text = strict(
+        qwen_tokenizer, [{"role": "user", "content": "Hi"}], add_generation_prompt=True, enable_thinking=False
+    )
     assert text == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
@@ -142,7 +144,12 @@ def test_strict_tool_response_is_not_a_user_query(qwen_tokenizer: PreTrainedToke
     """Reasoning of every step in a tool loop survives: only the real query counts."""
     messages = [
         {"role": "user", "content": "Weather?"},
-        {"role": "assistant", "content": "", "reasoning_content": "R1", "tool_calls": [call("get_weather", city="Oslo")]},
+        {
+            "role": "assistant",
+            "content": "",
+            "reasoning_content": "R1",
+            "tool_calls": [call("get_weather", city="Oslo")],
+        },
         {"role": "user", "content": "<tool_response>\n-3\n</tool_response>"},
         {"role": "assistant", "content": "Cold.", "reasoning_content": "R2"},
     ]
@@ -174,7 +181,10 @@ def test_strict_tool_call_round_trip(qwen_tokenizer: PreTrainedTokenizerFast) ->
 
 
 def test_strict_tool_calls_follow_content(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
-    calls = [call("get_weather", city="Zürich"), {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
+    calls = [
+        call("get_weather", city="Zürich"),
+        {"type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}},
+    ]
     messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "Checking.", "tool_calls": calls}]
     assert strict(qwen_tokenizer, messages).endswith(
         "Checking.\n"
@@ -290,7 +300,9 @@ def test_markers_tools_block(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
 
 
 def test_markers_never_require_a_user_query(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
-    text = render(qwen_tokenizer, "generation_markers", [{"role": "assistant", "content": "A"}], add_generation_prompt=True)
+    text = render(
+        qwen_tokenizer, "generation_markers", [{"role": "assistant", "content": "A"}], add_generation_prompt=True
+    )
     assert text == "<|im_start|>assistant\nA<|im_end|>\n<|im_start|>assistant\n"
 
 

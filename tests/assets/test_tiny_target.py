@@ -85,7 +85,6 @@ def test_foreign_directory_is_refused(tmp_path: Path) -> None:
         build_tiny_target(tmp_path)
 
 
-
 @pytest.fixture(scope="module")
 def tiny_qwen36(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_target(tmp_path_factory.mktemp("targets") / "tiny_qwen36", arch="qwen36")
@@ -99,7 +98,11 @@ def test_qwen36_is_the_composite_hybrid_architecture(tiny_qwen36: Path) -> None:
     assert config.architectures == ["Qwen3_5ForConditionalGeneration"] and config.vision_config.depth == 1
     assert (text.vocab_size, text.hidden_size, text.num_hidden_layers) == (248_320, 128, 4)
     assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"]
-    assert (text.head_dim, text.linear_key_head_dim, text.linear_value_head_dim) == (32, 128, 128)  # vLLM's CPU kernels' smallest sizes
+    assert (text.head_dim, text.linear_key_head_dim, text.linear_value_head_dim) == (
+        32,
+        128,
+        128,
+    )  # vLLM's CPU kernels' smallest sizes
     with safe_open(tiny_qwen36 / "model.safetensors", "pt") as f:
         assert any(k.startswith("model.visual.") for k in f.keys())  # the vision tower is in the checkpoint
     # Like Qwen's base checkpoints, config and tokenizer name <|endoftext|> as eos; generation_config adds <|im_end|>.
@@ -112,7 +115,9 @@ def test_qwen36_loads_as_its_language_model_and_runs(tiny_qwen36: Path) -> None:
 
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen36)
     _, embeddings, layers = decoder_parts(model)
-    assert type(model).__name__ == "Qwen3_5ForCausalLM" and len(layers) == 4 and embeddings.weight.shape == (248_320, 128)
+    assert (
+        type(model).__name__ == "Qwen3_5ForCausalLM" and len(layers) == 4 and embeddings.weight.shape == (248_320, 128)
+    )
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[9707, 1879, 11]])).logits
     assert logits.shape == (1, 3, 248_320) and torch.isfinite(logits).all()

@@ -28,12 +28,46 @@ BAD_ROWS: dict[str, tuple[bytes, str]] = {
     "unknown_role": (_j({"messages": [{"role": "narrator", "content": "x"}, A]}), "unknown_role"),
     "missing_content": (_j({"messages": [{"role": "user"}, A]}), "missing_content"),
     "non_string_content": (_j({"messages": [{"role": "user", "content": 42}, A]}), "bad_content"),
-    "image_content": (_j({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, A]}), "bad_content"),
+    "image_content": (
+        _j({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}, A]}),
+        "bad_content",
+    ),
     "system_only": (_j({"messages": [{"role": "system", "content": "be nice"}]}), "no_dialogue"),
-    "malformed_tool_arguments": (_j({"messages": [U, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{not json"}}]}]}), "bad_tool_call"),
-    "tool_call_without_name": (_j({"messages": [U, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"arguments": {}}}]}]}), "bad_tool_call"),
+    "malformed_tool_arguments": (
+        _j(
+            {
+                "messages": [
+                    U,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{not json"}}],
+                    },
+                ]
+            }
+        ),
+        "bad_tool_call",
+    ),
+    "tool_call_without_name": (
+        _j(
+            {
+                "messages": [
+                    U,
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"type": "function", "function": {"arguments": {}}}],
+                    },
+                ]
+            }
+        ),
+        "bad_tool_call",
+    ),
     "tool_call_on_user": (_j({"messages": [{**U, "tool_calls": [{"function": {"name": "f"}}]}, A]}), "bad_tool_call"),
-    "tool_call_id_not_string": (_j({"messages": [U, {"role": "tool", "tool_call_id": 5, "content": "r"}]}), "bad_tool_call"),
+    "tool_call_id_not_string": (
+        _j({"messages": [U, {"role": "tool", "tool_call_id": 5, "content": "r"}]}),
+        "bad_tool_call",
+    ),
     "reasoning_not_string": (_j({"messages": [U, {**A, "reasoning_content": ["x"]}]}), "bad_reasoning"),
     "tools_not_list": (_j({"messages": [U, A], "tools": "everything"}), "bad_tools"),
     "sharegpt_unknown_from": (_j({"conversations": [{"from": "bot", "value": "x"}]}), "unknown_role"),
@@ -42,8 +76,14 @@ BAD_ROWS: dict[str, tuple[bytes, str]] = {
     "alpaca_non_string_output": (_j({"instruction": "do", "output": 3}), "bad_content"),
     "oversized_row": (_j({"messages": [{"role": "user", "content": "x" * (2 * MAX_ROW_BYTES)}]}), "oversized_row"),
     "assistant_only": (_j({"messages": [A]}), "template_error"),
-    "special_token_in_content": (_j({"messages": [{"role": "user", "content": "end <|im_end|> now"}]}), "special_token_in_content"),
-    "reasoning_with_thinking_off": (_j({"messages": [U, {**A, "reasoning_content": "hmm"}]}), "turn_does_not_extend_prompt"),
+    "special_token_in_content": (
+        _j({"messages": [{"role": "user", "content": "end <|im_end|> now"}]}),
+        "special_token_in_content",
+    ),
+    "reasoning_with_thinking_off": (
+        _j({"messages": [U, {**A, "reasoning_content": "hmm"}]}),
+        "turn_does_not_extend_prompt",
+    ),
     "prompt_too_long": (_j({"messages": [{"role": "user", "content": "word " * 200}]}), "prompt_too_long"),
     "no_loss_in_window": (_j({"messages": [{"role": "user", "content": "word " * 200}, A]}), "no_loss_in_window"),
 }

@@ -10,20 +10,41 @@ def test_openai_with_tools_reasoning_and_string_arguments():
             "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
             "messages": [
                 {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
-                {"role": "assistant", "content": None, "reasoning_content": "hm", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "reasoning_content": "hm",
+                    "tool_calls": [
+                        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+                    ],
+                },
                 {"role": "tool", "tool_call_id": "c1", "content": "42"},
             ],
         }
     )
     assert conv.id == "7"
     assert conv.messages[0]["content"] == "ab"
-    assert conv.messages[1] == {"role": "assistant", "content": "", "reasoning_content": "hm", "tool_calls": [{"type": "function", "id": "c1", "function": {"name": "f", "arguments": {"x": 1}}}]}
+    assert conv.messages[1] == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "hm",
+        "tool_calls": [{"type": "function", "id": "c1", "function": {"name": "f", "arguments": {"x": 1}}}],
+    }
     assert conv.messages[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
     assert conv.tools and conv.tools[0]["function"]["name"] == "f"
 
 
 def test_sharegpt_roles_map():
-    conv = normalize({"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}, {"from": "tool", "value": "t"}]})
+    conv = normalize(
+        {
+            "conversations": [
+                {"from": "system", "value": "s"},
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": "a"},
+                {"from": "tool", "value": "t"},
+            ]
+        }
+    )
     assert [m["role"] for m in conv.messages] == ["system", "user", "assistant", "tool"]
     assert conv.id is None
 
@@ -49,11 +70,45 @@ def test_alpaca_with_and_without_output():
         ({"messages": [{"role": "user", "content": 5}]}, "bad_content"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "bad_content"),
         ({"messages": [{"role": "system", "content": "only"}]}, "no_dialogue"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}]}]}, "bad_tool_call"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]}]}, "bad_tool_call"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}]}, "bad_tool_call"),
-        ({"messages": [{"role": "user", "content": "q", "tool_calls": [{"function": {"name": "f"}}]}]}, "bad_tool_call"),
-        ({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "reasoning_content": 3}]}, "bad_reasoning"),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{bad"}}],
+                    },
+                ]
+            },
+            "bad_tool_call",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "", "tool_calls": [{"function": {"arguments": "{}"}}]},
+                ]
+            },
+            "bad_tool_call",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": []}]},
+            "bad_tool_call",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "q", "tool_calls": [{"function": {"name": "f"}}]}]},
+            "bad_tool_call",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a", "reasoning_content": 3},
+                ]
+            },
+            "bad_reasoning",
+        ),
         ({"messages": [{"role": "user", "content": "q"}], "tools": "all"}, "bad_tools"),
         ({"conversations": [{"from": "robot", "value": "x"}]}, "unknown_role"),
         ({"conversations": [{"from": "human"}]}, "missing_content"),

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
@@ -22,7 +22,21 @@ from tests.conftest import qwen_spec, renderer
 
 ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"), include_characters="\n\t ")
 # Content spelling a special token is rejected by design (tests/data/test_render.py), so none is generated here.
-TEXT = st.one_of(st.just(""), st.text(ALPHABET, max_size=40).filter(lambda t: "<|" not in t), st.sampled_from(["Hello world", "def f(x):\n    return x", "  spaced  ", "\nleading newline", "日本語のテキスト", "emoji 🙂🚀", "x\n\n\ny"]))
+TEXT = st.one_of(
+    st.just(""),
+    st.text(ALPHABET, max_size=40).filter(lambda t: "<|" not in t),
+    st.sampled_from(
+        [
+            "Hello world",
+            "def f(x):\n    return x",
+            "  spaced  ",
+            "\nleading newline",
+            "日本語のテキスト",
+            "emoji 🙂🚀",
+            "x\n\n\ny",
+        ]
+    ),
+)
 NAMES = st.sampled_from(["get_weather", "run_tests", "read_file"])
 
 
@@ -39,8 +53,20 @@ def conversations(draw) -> list[dict]:
         if draw(st.integers(0, 3)) == 0:
             reply["reasoning_content"] = draw(TEXT)
         if draw(st.integers(0, 3)) == 0:
-            calls = draw(st.lists(st.tuples(NAMES, st.dictionaries(st.sampled_from(["a", "path", "n"]), st.integers(0, 9) | TEXT, max_size=2)), min_size=1, max_size=2))
-            reply["tool_calls"] = [{"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}} for i, (n, a) in enumerate(calls)]
+            calls = draw(
+                st.lists(
+                    st.tuples(
+                        NAMES,
+                        st.dictionaries(st.sampled_from(["a", "path", "n"]), st.integers(0, 9) | TEXT, max_size=2),
+                    ),
+                    min_size=1,
+                    max_size=2,
+                )
+            )
+            reply["tool_calls"] = [
+                {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": a}}
+                for i, (n, a) in enumerate(calls)
+            ]
             messages.append(reply)
             for i in range(len(calls)):
                 messages.append({"role": "tool", "tool_call_id": f"c{i}", "content": draw(TEXT)})
@@ -51,11 +77,17 @@ def conversations(draw) -> list[dict]:
     return messages
 
 
-TOOLS = [{"type": "function", "function": {"name": n, "description": "d", "parameters": {"type": "object", "properties": {}}}} for n in ["get_weather", "run_tests", "read_file"]]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": n, "description": "d", "parameters": {"type": "object", "properties": {}}},
+    }
+    for n in ["get_weather", "run_tests", "read_file"]
+]
 SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parts(template: str, thinking: bool) -> tuple[ChatRenderer, Tokenizer]:
     _, spec = qwen_spec(template, thinking)
     return renderer(template, thinking), Tokenizer.from_str(spec.tokenizer_json)
@@ -92,7 +124,9 @@ def test_strict_template_mask_equals_per_turn_prefix_oracle(messages, thinking):
     full_msgs = messages + ([{"role": "assistant", "content": "OK."}] if needs_response else [])
 
     def render(msgs, gen):
-        return tok.apply_chat_template(msgs, tools=TOOLS, tokenize=False, add_generation_prompt=gen, enable_thinking=thinking)
+        return tok.apply_chat_template(
+            msgs, tools=TOOLS, tokenize=False, add_generation_prompt=gen, enable_thinking=thinking
+        )
 
     try:
         full = render(full_msgs, False)
@@ -148,7 +182,9 @@ def test_generation_marker_mask_equals_transformers(messages):
     if messages[-1]["role"] != "assistant":
         messages = messages + [{"role": "assistant", "content": "done"}]  # transformers would mask a placeholder too
     tok, _ = qwen_spec("generation_markers")
-    out = tok.apply_chat_template(messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(
+        messages, tools=TOOLS, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     [row] = rows_of("generation_markers", False, {"messages": messages, "tools": TOOLS})
     text = tok.apply_chat_template(messages, tools=TOOLS, tokenize=False)
     assert tok.decode(row["ids"]) == text
@@ -158,7 +194,9 @@ def test_generation_marker_mask_equals_transformers(messages):
         # Only where BPE merges the prompt's final newline into a reply starting with a newline do the
         # tokenizations differ; transformers then masks a token the engine never emits. Ours splits it.
         replies = [
-            "<think>" if m.get("reasoning_content") else m["content"] or ("<tool_call>" if m.get("tool_calls") else "<|im_end|>")
+            "<think>"
+            if m.get("reasoning_content")
+            else m["content"] or ("<tool_call>" if m.get("tool_calls") else "<|im_end|>")
             for m in messages
             if m["role"] == "assistant"
         ]
@@ -178,7 +216,9 @@ def test_faster_sandbox_renders_exactly_like_a_fresh_one(messages, gen_prompt, t
     assert not getattr(fresh.environment, "_raypipe_fast", False)
     msgs = normalize({"messages": messages}).messages
     try:
-        expected = fresh.render(messages=msgs, tools=TOOLS, documents=None, add_generation_prompt=gen_prompt, **chat.kwargs)
+        expected = fresh.render(
+            messages=msgs, tools=TOOLS, documents=None, add_generation_prompt=gen_prompt, **chat.kwargs
+        )
     except Exception as err:  # the template refuses: so must the renderer
         with pytest.raises(Reject):
             chat._render(msgs, TOOLS, gen_prompt)

@@ -30,11 +30,23 @@ def good_records(n: int, seed: int = 0) -> list[dict]:
         if i % 4 == 0:
             out.append({"id": f"p{i}", "messages": [{"role": "user", "content": f"Prompt {i}: {words}"}]})
         elif i % 4 == 1:
-            out.append({"conversations": [{"from": "human", "value": f"Q{i} {words}"}, {"from": "gpt", "value": words}]})
+            out.append(
+                {"conversations": [{"from": "human", "value": f"Q{i} {words}"}, {"from": "gpt", "value": words}]}
+            )
         elif i % 4 == 2:
             out.append({"instruction": f"Task {i}", "input": words, "output": words[::-1]})
         else:
-            out.append({"id": f"m{i}", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": words}, {"role": "user", "content": "b"}, {"role": "assistant", "content": "c"}]})
+            out.append(
+                {
+                    "id": f"m{i}",
+                    "messages": [
+                        {"role": "user", "content": "a"},
+                        {"role": "assistant", "content": words},
+                        {"role": "user", "content": "b"},
+                        {"role": "assistant", "content": "c"},
+                    ],
+                }
+            )
     return out
 
 
@@ -46,7 +58,13 @@ def write_inputs(root: Path, n: int = 1200) -> Path:
     (root / "a.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     with gzip.open(root / "b.jsonl.gz", "wb") as f:
         f.write(b"".join(json.dumps(r).encode() + b"\n" for r in records[n // 2 : 3 * n // 4]))
-    table = pa.Table.from_pylist([{"instruction": r["instruction"], "input": r["input"], "output": r["output"]} for r in records if "instruction" in r])
+    table = pa.Table.from_pylist(
+        [
+            {"instruction": r["instruction"], "input": r["input"], "output": r["output"]}
+            for r in records
+            if "instruction" in r
+        ]
+    )
     pq.write_table(table, root / "c.parquet", row_group_size=table.num_rows // 2 + 1)
     return root
 
@@ -78,13 +96,26 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
     assert len(manifest["shards"]) > 4
     assert sum(s["rows"] for s in manifest["shards"]) == c["rows_kept"]
     assert manifest["rejects_by_code"]["invalid_utf8"] == 1
-    rejects = [json.loads(line) for p in sorted((tmp_path / "out/rejects").glob("*.jsonl")) for line in p.read_text().splitlines()]
+    rejects = [
+        json.loads(line)
+        for p in sorted((tmp_path / "out/rejects").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     assert len(rejects) == c["rows_rejected"] and all(r["reason"] for r in rejects)
 
     ds = ray.data.read_parquet(str(tmp_path / "out/data"))
     assert ds.count() == c["rows_kept"]
     row = ds.take(1)[0]
-    assert set(row) == {"sample_id", "source", "input_ids", "loss_mask", "num_tokens", "num_loss_tokens", "needs_response", "prompt_len"}
+    assert set(row) == {
+        "sample_id",
+        "source",
+        "input_ids",
+        "loss_mask",
+        "num_tokens",
+        "num_loss_tokens",
+        "needs_response",
+        "prompt_len",
+    }
     assert row["source"] == "mixed"
     assert sum(manifest["token_histogram"]["rows"]) == c["rows_kept"]
 
@@ -96,7 +127,12 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
     with pytest.raises(ValueError, match="different config"):
         run_prepare(config(inputs, tmp_path / "out", max_length=65))
 
-    names = ["ray_raypipe_data_rows_total", "ray_raypipe_data_rows_kept_total", "ray_raypipe_data_tokens_total", "ray_raypipe_data_rejects_total"]
+    names = [
+        "ray_raypipe_data_rows_total",
+        "ray_raypipe_data_rows_kept_total",
+        "ray_raypipe_data_tokens_total",
+        "ray_raypipe_data_rejects_total",
+    ]
     metrics = scrape_metrics(ray_cluster, names)
     assert all(metrics.values()), f"not exported: {[n for n, v in metrics.items() if not v]}"
     assert any('source="mixed"' in line for line in metrics["ray_raypipe_data_rows_total"])
@@ -118,12 +154,19 @@ def test_killed_run_resumes_to_identical_output(ray_cluster, tmp_path):
 
     out = tmp_path / "killed"
     overrides = [
-        f"data.sources=[{{path: '{inputs}/*', name: mixed}}]", f"data.output={out}", "data.chunk_bytes=16384",
-        f"data.max_row_bytes={MAX_ROW_BYTES}", "data.max_length=64", "data.num_actors=1", "data.cpus_per_actor=0.5",
+        f"data.sources=[{{path: '{inputs}/*', name: mixed}}]",
+        f"data.output={out}",
+        "data.chunk_bytes=16384",
+        f"data.max_row_bytes={MAX_ROW_BYTES}",
+        "data.max_length=64",
+        "data.num_actors=1",
+        "data.cpus_per_actor=0.5",
     ]
     cmd = [sys.executable, "-m", "raypipe.cli", "prepare", "--recipe", "debug_cpu", *overrides]
     env = {**os.environ, "RAY_ADDRESS": "local"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 300
     while len(list((out / "stats").glob("*.json"))) < 3:
         assert proc.poll() is None and time.monotonic() < deadline, "the run ended before it could be killed"
@@ -149,12 +192,19 @@ def test_reads_and_writes_s3(ray_cluster, tmp_path, s3_server):
     for p in inputs.iterdir():
         fs.put_file(str(p), f"raypipe/in/{p.name}")
     cfg = DataConfig.model_validate(
-        {**config(inputs, tmp_path).model_dump(), "sources": [{"path": "s3://raypipe/in/*", "name": "mixed"}], "output": "s3://raypipe/prepared", "storage_options": s3_server}
+        {
+            **config(inputs, tmp_path).model_dump(),
+            "sources": [{"path": "s3://raypipe/in/*", "name": "mixed"}],
+            "output": "s3://raypipe/prepared",
+            "storage_options": s3_server,
+        }
     )
     manifest = run_prepare(cfg)
     local = run_prepare(config(inputs, tmp_path / "local"))
     assert manifest["counts"] == local["counts"]
-    for remote, mine in zip(manifest["shards"], local["shards"]):  # ids of rows without one hash the file URL, so differ
+    for remote, mine in zip(
+        manifest["shards"], local["shards"]
+    ):  # ids of rows without one hash the file URL, so differ
         with fs.open(f"raypipe/prepared/{remote['file']}", "rb") as f:
             got = pq.read_table(f).drop_columns(["sample_id"])
         assert got.equals(pq.read_table(tmp_path / "local" / mine["file"]).drop_columns(["sample_id"]))

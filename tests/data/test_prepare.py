@@ -38,13 +38,23 @@ def test_truncate_keeps_the_head_and_counts_it(tmp_path):
 
 
 def test_reject_policy_rejects_over_length(tmp_path):
-    result = prepare_records(tmp_path, [{"messages": [U, {"role": "assistant", "content": "word " * 300}]}], max_length=50, overlength="reject")
+    result = prepare_records(
+        tmp_path,
+        [{"messages": [U, {"role": "assistant", "content": "word " * 300}]}],
+        max_length=50,
+        overlength="reject",
+    )
     assert result.table.num_rows == 0
     assert result.rejects[0]["code"] == "too_long" and "data.max_length 50" in result.rejects[0]["reason"]
 
 
 def test_per_turn_truncation_keeps_turns_that_fit(tmp_path):
-    turns = [U, {"role": "assistant", "content": "short"}, {"role": "user", "content": "more " * 100}, {"role": "assistant", "content": "late"}]
+    turns = [
+        U,
+        {"role": "assistant", "content": "short"},
+        {"role": "user", "content": "more " * 100},
+        {"role": "assistant", "content": "late"},
+    ]
     result = prepare_records(tmp_path, [{"id": "s1", "messages": turns}], max_length=40)
     assert [r["sample_id"] for r in result.table.to_pylist()] == ["s1#1"]
     assert [(r["sample_id"], r["code"]) for r in result.rejects] == [("s1#3", "no_loss_in_window")]

@@ -50,7 +50,11 @@ def test_single_turn_supervises_reply_through_end_of_turn_only():
 
 
 def test_conversation_ending_in_tool_results_gets_a_placeholder_after_them():
-    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}],
+    }
     tools = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object"}}}]
     rows = renderer().segment(conv(USER, call, {"role": "tool", "tool_call_id": "c", "content": "4"}, tools=tools))
     assert rows[-1].needs_response
@@ -95,13 +99,17 @@ def test_reasoning_before_the_last_query_falls_back_to_per_turn_rows():
 
 
 def test_qwen_multi_turn_without_thinking_is_per_turn_because_think_blocks_are_rewritten():
-    rows = renderer().segment(conv(USER, ANSWER, {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}))
+    rows = renderer().segment(
+        conv(USER, ANSWER, {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"})
+    )
     assert [supervised_text(r) for r in rows] == ["4<|im_end|>", "6<|im_end|>"]
     assert all(prompt_text(r).endswith("<think>\n\n</think>\n\n") for r in rows)
 
 
 def test_chatml_multi_turn_renders_once():
-    [row] = renderer("chatml").segment(conv(USER, ANSWER, {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}))
+    [row] = renderer("chatml").segment(
+        conv(USER, ANSWER, {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"})
+    )
     assert row.turn is None
     assert [t for t, s in row.pieces if s] == ["4<|im_end|>", "6<|im_end|>"]
 
@@ -119,7 +127,9 @@ def test_content_spelling_a_special_token_is_rejected():
 
 def test_reply_starting_with_newline_is_not_merged_into_the_prompt(tmp_path):
     """BPE would merge the prompt's final newline with the reply's; the engine never emits that token."""
-    result = prepare_records(tmp_path, [{"messages": [USER, {"role": "assistant", "content": "\nHello"}]}], chat_template="chatml")
+    result = prepare_records(
+        tmp_path, [{"messages": [USER, {"role": "assistant", "content": "\nHello"}]}], chat_template="chatml"
+    )
     [row] = result.table.to_pylist()
     tok, _ = qwen_spec("chatml")
     reply = [i for i, m in zip(row["input_ids"], row["loss_mask"]) if m]
@@ -137,6 +147,8 @@ def test_generation_marker_template_masks_reply_and_end_of_turn():
 def test_the_faster_sandbox_still_refuses_unsafe_calls():
     from raypipe.data.render import ChatRenderer
 
-    chat = ChatRenderer("{% for m in messages %}{{ m.content }}{% endfor %}{{ messages.pop() }}", {}, "<|im_end|>", "OK.", [])
+    chat = ChatRenderer(
+        "{% for m in messages %}{{ m.content }}{% endfor %}{{ messages.pop() }}", {}, "<|im_end|>", "OK.", []
+    )
     with pytest.raises(Reject, match="unsafe"):
         chat.segment(conv(USER, ANSWER))

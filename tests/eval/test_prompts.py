@@ -32,8 +32,24 @@ def test_a_trailing_reply_is_dropped_and_the_generation_prompt_appended(tmp_path
     assert prompts[0] == prompts[1]
     tok = build_tokenizer()
     assert tok.convert_ids_to_tokens(prompts[0]) == [
-        "<|im_start|>", "user", "\n", "copy", ":", "a", "b", "<|im_end|>", "\n",
-        "<|im_start|>", "assistant", "\n", "<think>", "\n", "\n", "</think>", "\n", "\n",
+        "<|im_start|>",
+        "user",
+        "\n",
+        "copy",
+        ":",
+        "a",
+        "b",
+        "<|im_end|>",
+        "\n",
+        "<|im_start|>",
+        "assistant",
+        "\n",
+        "<think>",
+        "\n",
+        "\n",
+        "</think>",
+        "\n",
+        "\n",
     ]
 
 
@@ -45,7 +61,10 @@ def test_the_bundled_heldout_prompts_load() -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ({"messages": [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": "a"}]}, "no user turn"),
+        (
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": "a"}]},
+            "no user turn",
+        ),
         ({"prompt": "hi"}, "unknown_format"),
     ],
 )

@@ -14,7 +14,11 @@ from raypipe.eval.spec_decode import Generation
 
 def test_an_estimate_beyond_the_threshold_is_flagged() -> None:
     assert compare("offline_replay", 2.9, 2.6, 0.15) == {
-        "estimate": "offline_replay", "tau": 2.9, "vllm_tau": 2.6, "relative_gap": abs(2.9 - 2.6) / 2.6, "flagged": False,
+        "estimate": "offline_replay",
+        "tau": 2.9,
+        "vllm_tau": 2.6,
+        "relative_gap": abs(2.9 - 2.6) / 2.6,
+        "flagged": False,
     }
     assert compare("training_estimate", 3.1, 2.6, 0.15)["flagged"]
     assert compare("training_estimate", 2.1, 2.6, 0.15)["flagged"]
@@ -43,7 +47,15 @@ def test_the_plots_are_images_with_content(tmp_path: Path) -> None:
 
 
 def _generation(temperature: float, replies: list[list[int]], accepted: int) -> Generation:
-    return Generation(temperature, replies, seconds=1.0, drafts=10, draft_tokens=30, accepted_tokens=accepted, accepted_per_position=[accepted, 0, 0])
+    return Generation(
+        temperature,
+        replies,
+        seconds=1.0,
+        drafts=10,
+        draft_tokens=30,
+        accepted_tokens=accepted,
+        accepted_per_position=[accepted, 0, 0],
+    )
 
 
 def test_measurements_compare_the_estimates_with_vllm() -> None:
@@ -52,12 +64,16 @@ def test_measurements_compare_the_estimates_with_vllm() -> None:
     plain = [_generation(0.0, [[1, 2]], 0), _generation(1.0, [[1, 4]], 0)]
     doc = measurements(trained, None, plain, _generation(0.0, [[1, 2]], 0), Replay(10, 10, [10, 0, 0]), steps, 0.15)
     assert doc["tau"] == 2.0 and doc["tau_method"] == "vllm" and doc["vllm_refused_drafter"] is None
-    assert [c["estimate"] for c in doc["comparisons"]] == ["offline_replay", "training_estimate"] and not doc["disagreement"]
+    assert [c["estimate"] for c in doc["comparisons"]] == ["offline_replay", "training_estimate"] and not doc[
+        "disagreement"
+    ]
     assert doc["greedy_replies_match_without_drafter"] and doc["training"]["steps"] == 100
 
 
 def test_a_drafter_vllm_refuses_is_reported_with_its_error_and_the_offline_replay_gives_tau() -> None:
-    refused = "NotImplementedError: Speculative Decoding with draft models or parallel drafting does not support M-RoPE yet"
+    refused = (
+        "NotImplementedError: Speculative Decoding with draft models or parallel drafting does not support M-RoPE yet"
+    )
     plain = [_generation(0.0, [[1, 2]], 0)]
     doc = measurements([], refused, plain, None, Replay(8, 4, [3, 1, 0]), [], 0.15)
     assert doc["tau"] == 1.5 and doc["tau_method"] == "offline_replay" and doc["vllm_refused_drafter"] == refused

@@ -17,21 +17,44 @@ from raypipe.data.prepare import RAW_BYTES, ShardPreparer
 from raypipe.data.render import ChatRenderer
 from raypipe.data.sources import plan_chunks
 from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec, renderer
-from tests.faults.bad_inputs import BAD_KINDS, MAX_LENGTH, MAX_ROW_BYTES, NEW_ROWS, PER_TURN, WEIGHT_ZERO, bad_files, bad_jsonl
+from tests.faults.bad_inputs import (
+    BAD_KINDS,
+    MAX_LENGTH,
+    MAX_ROW_BYTES,
+    NEW_ROWS,
+    PER_TURN,
+    WEIGHT_ZERO,
+    bad_files,
+    bad_jsonl,
+)
 
 U = {"role": "user", "content": "Hi"}
 
 
 def test_the_corpus_has_at_least_40_kinds_and_every_crash_of_the_issue():
     assert len(BAD_KINDS) >= 40
-    crashes = {"deep_json_row", "deep_tool_arguments", "int_over_4300_digits", "alpaca_null_instruction", "sharegpt_from_list",
-               "sharegpt_from_object", "lone_surrogate_in_content", "lone_surrogate_in_id", "huge_line"}
+    crashes = {
+        "deep_json_row",
+        "deep_tool_arguments",
+        "int_over_4300_digits",
+        "alpaca_null_instruction",
+        "sharegpt_from_list",
+        "sharegpt_from_object",
+        "lone_surrogate_in_content",
+        "lone_surrogate_in_id",
+        "huge_line",
+    }
     assert crashes <= set(NEW_ROWS)
 
 
 def test_every_bad_kind_gets_its_code_and_every_good_row_is_kept(tmp_path):
     expected, good = bad_jsonl(tmp_path / "in.jsonl")
-    cfg = data_config(sources=[{"path": str(tmp_path / "in.jsonl")}], output=str(tmp_path / "out"), max_row_bytes=MAX_ROW_BYTES, max_length=MAX_LENGTH)
+    cfg = data_config(
+        sources=[{"path": str(tmp_path / "in.jsonl")}],
+        output=str(tmp_path / "out"),
+        max_row_bytes=MAX_ROW_BYTES,
+        max_length=MAX_LENGTH,
+    )
     [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)
     result = ShardPreparer(cfg, qwen_spec()[1]).prepare(chunk)
     got = {r["position"]: r["code"] for r in result.rejects}
@@ -40,14 +63,19 @@ def test_every_bad_kind_gets_its_code_and_every_good_row_is_kept(tmp_path):
     kept = result.table.column("sample_id").to_pylist()
     assert set(good) <= set(kept)
     s = result.stats
-    assert s["rows_in"] == 2 * len(BAD_KINDS) + 2 and s["rows_in"] + s["split_extra"] == s["rows_kept"] + s["rows_rejected"]
+    assert (
+        s["rows_in"] == 2 * len(BAD_KINDS) + 2
+        and s["rows_in"] + s["split_extra"] == s["rows_kept"] + s["rows_rejected"]
+    )
     assert all(r["code"] and r["reason"] and r["stage"] for r in result.rejects)
     json.dumps(result.rejects, ensure_ascii=False).encode()  # every record is writable as UTF-8 (surrogates escaped)
 
 
 def test_an_oversized_line_is_skipped_without_being_held_and_its_record_keeps_only_the_head(tmp_path):
     line = json.dumps({"messages": [{"role": "user", "content": "é" * (1 << 20)}]}).encode()
-    result = prepare_lines(tmp_path, [line, json.dumps({"id": "after", "messages": [U]}).encode()], max_row_bytes=MAX_ROW_BYTES)
+    result = prepare_lines(
+        tmp_path, [line, json.dumps({"id": "after", "messages": [U]}).encode()], max_row_bytes=MAX_ROW_BYTES
+    )
     [rej] = result.rejects
     assert rej["code"] == "oversized_row" and rej["raw_truncated"] and rej["raw_bytes"] == len(line) + 1
     assert len(rej["raw"].encode()) <= RAW_BYTES and rej["raw"].startswith('{"messages"')
@@ -91,12 +119,25 @@ def test_a_supervised_span_with_two_end_of_turn_tokens_is_rejected():
 
 def test_per_turn_prompt_count_is_the_tokenizer_count(tmp_path):
     """The count that drops per-turn rows before tokenizing equals tokenizing the prompt whole."""
-    call = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": "x y"}}}]}
-    tools = [{"type": "function", "function": {"name": "add", "description": "adds numbers", "parameters": {"type": "object"}}}]
+    call = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": {"a": "x y"}}}],
+    }
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "add", "description": "adds numbers", "parameters": {"type": "object"}},
+        }
+    ]
     messages = [
-        {"role": "system", "content": "Be brief.  "}, U, call, {"role": "tool", "tool_call_id": "c", "content": " 4\n"},
+        {"role": "system", "content": "Be brief.  "},
+        U,
+        call,
+        {"role": "tool", "tool_call_id": "c", "content": " 4\n"},
         {"role": "assistant", "content": "\n4"},
-        {"role": "user", "content": "日本語 🙂 and  more\n\n"}, {"role": "assistant", "content": "ok", "reasoning_content": "fine"},
+        {"role": "user", "content": "日本語 🙂 and  more\n\n"},
+        {"role": "assistant", "content": "ok", "reasoning_content": "fine"},
     ]
     cfg = data_config(sources=[{"path": "unused"}], output="unused", max_length=1 << 20, enable_thinking=True)
     preparer = ShardPreparer(cfg, qwen_spec(thinking=True)[1])
@@ -113,14 +154,18 @@ def test_per_turn_rows_that_fit_are_tokenized_piece_by_piece_as_before(tmp_path)
     preparer = ShardPreparer(data_config(), spec)
     expected = []
     for seg in preparer.renderer.segment(normalize(PER_TURN)):
-        expected.append([i for text, _ in seg.pieces for i in preparer.backend.encode(text, add_special_tokens=False).ids])
+        expected.append(
+            [i for text, _ in seg.pieces for i in preparer.backend.encode(text, add_special_tokens=False).ids]
+        )
     assert [r["input_ids"] for r in result.table.to_pylist()] == expected
 
 
 def test_a_long_per_turn_conversation_tokenizes_only_what_fits(tmp_path):
     """60 long exchanges under a history-rewriting template: every turn's prompt is past max_length, nothing is tokenized whole."""
     words = " ".join(f"w{i:05d}" for i in range(700))
-    messages = [m for _ in range(60) for m in ({"role": "user", "content": words}, {"role": "assistant", "content": words})]
+    messages = [
+        m for _ in range(60) for m in ({"role": "user", "content": words}, {"role": "assistant", "content": words})
+    ]
     result = prepare_records(tmp_path, [{"id": "long", "messages": messages}], max_length=512)
     s = result.stats
     assert (s["rows_in"], s["split_extra"], s["rows_kept"], s["rows_rejected"]) == (1, 59, 0, 60)
@@ -137,7 +182,10 @@ def test_unreadable_files_are_named_and_rows_before_the_damage_kept(tmp_path):
         kept += result.table.column("sample_id").to_pylist()
         for f in result.stats["files_rejected"]:
             files[Path(f["file"]).name] = f["reason"]
-        assert result.stats["rows_in"] + result.stats["split_extra"] == result.stats["rows_kept"] + result.stats["rows_rejected"]
+        assert (
+            result.stats["rows_in"] + result.stats["split_extra"]
+            == result.stats["rows_kept"] + result.stats["rows_rejected"]
+        )
     assert sorted(files) == sorted(info["unreadable"])
     assert "EOFError" in files["truncated.jsonl.gz"] and "BadGzipFile" in files["not_gzip.jsonl.gz"]
     assert set(info["good"]) <= set(kept)
@@ -152,9 +200,15 @@ def test_the_data_stage_survives_the_corpus_on_ray(ray_cluster, tmp_path, capsys
     expected, good = bad_jsonl(inputs / "rows.jsonl")
     cfg = DataConfig.model_validate(
         {
-            "sources": [{"path": str(inputs / "*"), "name": "faults"}], "output": str(tmp_path / "out"), "tokenizer": "builtin:qwen",
-            "chat_template": "qwen_strict", "chunk_bytes": 65536, "max_row_bytes": MAX_ROW_BYTES, "max_length": MAX_LENGTH,
-            "num_actors": 2, "cpus_per_actor": 0.5,
+            "sources": [{"path": str(inputs / "*"), "name": "faults"}],
+            "output": str(tmp_path / "out"),
+            "tokenizer": "builtin:qwen",
+            "chat_template": "qwen_strict",
+            "chunk_bytes": 65536,
+            "max_row_bytes": MAX_ROW_BYTES,
+            "max_length": MAX_LENGTH,
+            "num_actors": 2,
+            "cpus_per_actor": 0.5,
         }
     )
     manifest = run_prepare(cfg)
@@ -162,7 +216,11 @@ def test_the_data_stage_survives_the_corpus_on_ray(ray_cluster, tmp_path, capsys
 
     c = manifest["counts"]
     assert c["rows_in"] + c["split_extra"] == c["rows_kept"] + c["rows_rejected"]
-    records = [json.loads(line) for p in sorted((tmp_path / "out/rejects").glob("*.jsonl")) for line in p.read_text().splitlines()]
+    records = [
+        json.loads(line)
+        for p in sorted((tmp_path / "out/rejects").glob("*.jsonl"))
+        for line in p.read_text().splitlines()
+    ]
     rows = [r for r in records if r.get("level") != "file"]
     assert len(rows) == c["rows_rejected"] and all(r["code"] and r["reason"] and r["stage"] for r in records)
 
@@ -171,7 +229,11 @@ def test_the_data_stage_survives_the_corpus_on_ray(ray_cluster, tmp_path, capsys
     assert {names[p]: (code, got.get(p)) for p, code in expected.items() if got.get(p) != code} == {}
 
     unreadable = [r for r in records if r.get("level") == "file"]
-    assert sorted(Path(r["file"]).name for r in unreadable) == sorted(files["unreadable"]) == sorted(Path(f["file"]).name for f in manifest["files_rejected"])
+    assert (
+        sorted(Path(r["file"]).name for r in unreadable)
+        == sorted(files["unreadable"])
+        == sorted(Path(f["file"]).name for f in manifest["files_rejected"])
+    )
     assert all(r["code"] == "unreadable_file" for r in unreadable) and c["files_rejected"] == 4
     assert [Path(f).name for f in manifest["files_unmatched"]] == files["unmatched"] and c["files_unmatched"] == 3
     assert all(name in printed for name in files["unmatched"])

@@ -87,7 +87,13 @@ def test_a_reused_pid_is_never_taken_for_an_engine(tmp_path: Path) -> None:
 
 def test_a_clean_close_ends_its_processes_and_its_record(tmp_path: Path) -> None:
     with engine_processes(str(tmp_path)) as engine:
-        child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)",
+            ]
+        )
     assert engine.pids == [child.pid]
     time.sleep(0.5)  # the child ignores SIGTERM from here on: the reaper must escalate to SIGKILL
     assert engine.reap(grace_s=1.0) == [child.pid]
@@ -125,7 +131,13 @@ def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next
     """What a replica leaves when nothing in Ray ends its process group (`ray stop --force`, a raylet that died):
     the real vLLM CPU engine core keeps running after its owner's SIGKILL, and the next engine start on the node ends it."""
     root = Path(__file__).resolve().parents[2]
-    owner = subprocess.Popen([sys.executable, "-c", VLLM_OWNER, tiny_target], cwd=root, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", VLLM_OWNER, tiny_target],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = ""
         while not line.startswith("engine pids"):
@@ -160,13 +172,17 @@ def _replaced(handle: object, pid: int, timeout_s: float = 600) -> dict:
 
 
 @pytest.mark.integration
-def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_service_leaves_no_engine(ray_cluster, tiny_target):
+def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_service_leaves_no_engine(
+    ray_cluster, tiny_target
+):
     from ray import serve
 
     from raypipe.serve.deployment import HiddenStateService
     from tests.conftest import serve_config
 
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(serve_config(tiny_target, layer_ids=[1, 2, 4], canary="off"))
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
+        serve_config(tiny_target, layer_ids=[1, 2, 4], canary="off")
+    )
     handle = serve.run(app, name="reaping_test", route_prefix=None)
     try:
         stats = handle.stats.remote().result()

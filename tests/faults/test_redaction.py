@@ -20,15 +20,25 @@ KEY, SECRET, TOKEN = "AKIAEXAMPLEKEY0001", "s3cr3t-never-shown", "session-token-
 
 
 def options(secret: str = SECRET, endpoint: str = "http://127.0.0.1:9000") -> dict:
-    return {"key": KEY, "secret": secret, "token": TOKEN, "client_kwargs": {"endpoint_url": endpoint, "aws_secret_access_key": secret}}
+    return {
+        "key": KEY,
+        "secret": secret,
+        "token": TOKEN,
+        "client_kwargs": {"endpoint_url": endpoint, "aws_secret_access_key": secret},
+    }
 
 
 def config(tmp_path: Path, secret: str = SECRET, endpoint: str = "http://127.0.0.1:9000") -> RaypipeConfig:
     so = json.dumps(options(secret, endpoint))
     return load_config(
         "debug_cpu",
-        [f"data.sources=[{{path: {SAMPLE}/openai/*.jsonl}}]", f"data.output={tmp_path}/prepared", f"data.storage_options={so}",
-         f"train.output={tmp_path}/train", f"train.storage_options={so}"],
+        [
+            f"data.sources=[{{path: {SAMPLE}/openai/*.jsonl}}]",
+            f"data.output={tmp_path}/prepared",
+            f"data.storage_options={so}",
+            f"train.output={tmp_path}/train",
+            f"train.storage_options={so}",
+        ],
     )
 
 
@@ -39,17 +49,31 @@ def hidden(text: str) -> bool:
 def test_redact_hides_every_credential_under_storage_options_and_nothing_else(tmp_path: Path) -> None:
     doc = config(tmp_path).model_dump()
     public = redact(doc)
-    assert hidden(json.dumps(public)) and not hidden(json.dumps(doc)), "the dump itself still has them: workers need them"
+    assert hidden(json.dumps(public)) and not hidden(json.dumps(doc)), (
+        "the dump itself still has them: workers need them"
+    )
     assert public["train"]["storage_options"] == {
-        "key": REDACTED, "secret": REDACTED, "token": REDACTED, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "aws_secret_access_key": REDACTED},
+        "key": REDACTED,
+        "secret": REDACTED,
+        "token": REDACTED,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "aws_secret_access_key": REDACTED},
     }
-    assert public["train"]["mask_token_id"] == doc["train"]["mask_token_id"] and public["data"]["tokenizer"] == "builtin:qwen"  # "token" outside options
-    assert redact({"headers": {"Authorization": "x"}}) == {"headers": {"Authorization": "x"}}  # only under storage_options
+    assert (
+        public["train"]["mask_token_id"] == doc["train"]["mask_token_id"]
+        and public["data"]["tokenizer"] == "builtin:qwen"
+    )  # "token" outside options
+    assert redact({"headers": {"Authorization": "x"}}) == {
+        "headers": {"Authorization": "x"}
+    }  # only under storage_options
     assert config(tmp_path).public_dump() == public
 
 
 def test_fingerprints_ignore_a_rotated_secret_but_not_the_endpoint(tmp_path: Path) -> None:
-    cfg, rotated, moved = config(tmp_path), config(tmp_path, secret="rotated"), config(tmp_path, endpoint="http://10.0.0.1:9000")
+    cfg, rotated, moved = (
+        config(tmp_path),
+        config(tmp_path, secret="rotated"),
+        config(tmp_path, endpoint="http://10.0.0.1:9000"),
+    )
     assert train_fingerprint(cfg, "m") == train_fingerprint(rotated, "m") != train_fingerprint(moved, "m")
     assert eval_fingerprint(cfg, "t") == eval_fingerprint(rotated, "t")
     assert prepare_fingerprint(cfg.data) == prepare_fingerprint(rotated.data) != prepare_fingerprint(moved.data)
@@ -70,16 +94,34 @@ def test_stage_log_records_carry_no_credentials(tmp_path: Path) -> None:
 def test_checkpoint_config_json_is_redacted(tiny_target: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     target = resolve_target(serve_config(tiny_target))
-    drafter = build_drafter(target, TrainConfig(output="unused", draft_layers=1, block_size=4, max_anchors=16, step_tokens=256, use_gpu=False))
+    drafter = build_drafter(
+        target,
+        TrainConfig(output="unused", draft_layers=1, block_size=4, max_anchors=16, step_tokens=256, use_gpu=False),
+    )
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    save_checkpoint(tmp_path, drafter, drafter, optimizer, scheduler, TrainingState(), cfg.model_dump(), {"target_path": target.path}, write=True)
+    save_checkpoint(
+        tmp_path,
+        drafter,
+        drafter,
+        optimizer,
+        scheduler,
+        TrainingState(),
+        cfg.model_dump(),
+        {"target_path": target.path},
+        write=True,
+    )
     saved = (tmp_path / "config.json").read_text()
-    assert hidden(saved) and json.loads(saved)["train"]["storage_options"]["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
+    assert (
+        hidden(saved)
+        and json.loads(saved)["train"]["storage_options"]["client_kwargs"]["endpoint_url"] == "http://127.0.0.1:9000"
+    )
 
 
 def test_ray_train_state_gets_no_config_while_the_workers_get_the_real_one(tmp_path: Path) -> None:
     trainer = build_trainer(config(tmp_path))
-    assert trainer.train_loop_config is None  # Ray Train exports train_loop_config to its state (the dashboard's Train view)
+    assert (
+        trainer.train_loop_config is None
+    )  # Ray Train exports train_loop_config to its state (the dashboard's Train view)
     worker_config = trainer.train_loop_per_worker.args[0]["config"]
     assert worker_config["train"]["storage_options"]["secret"] == SECRET

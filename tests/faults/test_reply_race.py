@@ -51,7 +51,9 @@ def _writes(log: Path) -> list[int]:
     return sorted(int(p.name.split("-")[0]) for p in log.iterdir())
 
 
-def test_a_slow_engine_never_costs_a_shard_its_replies_nor_gives_one_twice(prepared_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_slow_engine_never_costs_a_shard_its_replies_nor_gives_one_twice(
+    prepared_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cfg = run_config(prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=2")
     todo = open_rows(cfg).shards_needing_replies()
     assert len(todo) >= 3, f"the race needs more shards than engines: {todo}"
@@ -66,18 +68,26 @@ def test_a_slow_engine_never_costs_a_shard_its_replies_nor_gives_one_twice(prepa
     rows.load_replies()  # every needs_response row has its reply, stored once per shard
     assert counts["replies"] == int(rows.needs_response.sum())
     stored = {s: (tmp_path / "train" / "replies" / f"{shard_name(s)}.parquet").stat().st_mtime_ns for s in todo}
-    assert max(stored, key=stored.__getitem__) == todo[0], "the delay forced the race: the other engine took every other shard first"
+    assert max(stored, key=stored.__getitem__) == todo[0], (
+        "the delay forced the race: the other engine took every other shard first"
+    )
     assert run_replies(cfg)["shards"] == 0, "nothing is left to do, and nothing is redone"
 
 
-def test_a_stuck_shard_fails_the_pass_naming_it_and_a_rerun_does_only_the_rest(prepared_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = run_config(prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=1", "train.reply_timeout_s=60")
+def test_a_stuck_shard_fails_the_pass_naming_it_and_a_rerun_does_only_the_rest(
+    prepared_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = run_config(
+        prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=1", "train.reply_timeout_s=60"
+    )
     todo = open_rows(cfg).shards_needing_replies()
     stuck = todo[-1]
     log = tmp_path / "writes"
     log.mkdir()
     monkeypatch.setattr(replies, "ReplyWriter", delayed_writer(stuck, str(log), hang=True))
-    with pytest.raises(ValueError, match=rf"reply pass is stuck: shard {stuck} has had no replies for train.reply_timeout_s=60 s"):
+    with pytest.raises(
+        ValueError, match=rf"reply pass is stuck: shard {stuck} has had no replies for train.reply_timeout_s=60 s"
+    ):
         run_replies(cfg)
     assert _writes(log) == sorted(todo)
     assert open_rows(cfg).shards_needing_replies() == [stuck], "the shards done before are stored"

@@ -16,16 +16,37 @@ pytestmark = pytest.mark.integration
 PREFIX = "raypipe/s3resume"
 
 
-def test_a_resumed_prepare_on_s3_redoes_the_lost_shard_and_writes_the_right_manifest(ray_cluster, tmp_path: Path, s3_server, capsys) -> None:
-    fs = fsspec.filesystem("s3", **s3_server)  # the instance fsspec hands every Storage of this process (cached per options)
-    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i} " * (i % 7 + 1)}, {"role": "assistant", "content": f"answer {i}"}]}
-            for i in range(120)]
+def test_a_resumed_prepare_on_s3_redoes_the_lost_shard_and_writes_the_right_manifest(
+    ray_cluster, tmp_path: Path, s3_server, capsys
+) -> None:
+    fs = fsspec.filesystem(
+        "s3", **s3_server
+    )  # the instance fsspec hands every Storage of this process (cached per options)
+    rows = [
+        {
+            "id": f"r{i}",
+            "messages": [
+                {"role": "user", "content": f"question {i} " * (i % 7 + 1)},
+                {"role": "assistant", "content": f"answer {i}"},
+            ],
+        }
+        for i in range(120)
+    ]
     for name, part in (("a", rows[:70]), ("b", rows[70:])):
         fs.pipe_file(f"{PREFIX}/in/{name}.jsonl", "".join(json.dumps(r) + "\n" for r in part).encode())
-    cfg = DataConfig.model_validate({
-        "sources": [{"path": f"s3://{PREFIX}/in/*.jsonl", "name": "mixed"}], "output": f"s3://{PREFIX}/prepared", "storage_options": s3_server,
-        "tokenizer": "builtin:qwen", "chat_template": "qwen_strict", "max_length": 64, "chunk_bytes": 2048, "num_actors": 1, "cpus_per_actor": 0.5,
-    })
+    cfg = DataConfig.model_validate(
+        {
+            "sources": [{"path": f"s3://{PREFIX}/in/*.jsonl", "name": "mixed"}],
+            "output": f"s3://{PREFIX}/prepared",
+            "storage_options": s3_server,
+            "tokenizer": "builtin:qwen",
+            "chat_template": "qwen_strict",
+            "max_length": 64,
+            "chunk_bytes": 2048,
+            "num_actors": 1,
+            "cpus_per_actor": 0.5,
+        }
+    )
     first = run_prepare(cfg)
     assert len(first["shards"]) >= 4 and first["counts"]["rows_kept"] == len(rows)
 
@@ -37,7 +58,9 @@ def test_a_resumed_prepare_on_s3_redoes_the_lost_shard_and_writes_the_right_mani
     capsys.readouterr()
 
     resumed = run_prepare(cfg)
-    assert f"{len(first['shards']) - 1} already complete, 1 to do" in capsys.readouterr().out  # the lost shard, and only it
+    assert (
+        f"{len(first['shards']) - 1} already complete, 1 to do" in capsys.readouterr().out
+    )  # the lost shard, and only it
     assert resumed == first
     assert json.loads(other.cat_file(f"{PREFIX}/prepared/manifest.json")) == first
     assert other.exists(f"{PREFIX}/prepared/stats/part-000002.json") and not other.glob(f"{PREFIX}/prepared/**/*.tmp-*")

@@ -39,13 +39,17 @@ def test_the_clusters_ray_start_settings_refuse_jobs_without_the_token(tmp_path:
     """cluster.yaml's head auth settings on a real head started with `ray start` (its own ports, beside the session's
     cluster): the job API answers only with the token, the dashboard listens on loopback only, and `ray job submit`
     as the README writes it runs a job that reaches the cluster."""
-    head = next(c for c in yaml.safe_load((ROOT / "cluster.yaml").read_text())["head_start_ray_commands"] if "ray start" in c)
+    head = next(
+        c for c in yaml.safe_load((ROOT / "cluster.yaml").read_text())["head_start_ray_commands"] if "ray start" in c
+    )
     auth = dict(re.findall(r"\b(RAY_AUTH_[A-Z_]+)=(\S+)", head))
     assert re.findall(r"--dashboard-host[= ](\S+)", head) == ["127.0.0.1"]  # what LocalCluster starts with too
     token = os.urandom(32).hex()  # what `ray get-auth-token --generate` writes
     token_file = tmp_path / "auth_token"
     token_file.write_text(token)
-    cluster = LocalCluster(tmp_path / "cluster", head_cpus=1, auth={**auth, "RAY_AUTH_TOKEN_PATH": str(token_file)})  # the file mounted at the YAML's path
+    cluster = LocalCluster(
+        tmp_path / "cluster", head_cpus=1, auth={**auth, "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    )  # the file mounted at the YAML's path
     try:
         cluster.start()
         jobs = f"{cluster.dashboard_url}/api/jobs/"
@@ -55,19 +59,39 @@ def test_the_clusters_ray_start_settings_refuse_jobs_without_the_token(tmp_path:
         assert _status(jobs, token) == 200
         assert _status(jobs, None) == 401
         assert _status(jobs, "0" * 64) == 403
-        listening = {c.laddr.ip for c in psutil.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == cluster.dashboard_port}
+        listening = {
+            c.laddr.ip
+            for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == cluster.dashboard_port
+        }
         assert listening == {"127.0.0.1"}
         driver = "import ray; ray.init(); print('driver', ray.is_initialized())"  # the job's driver reaches the GCS with the token too
-        submit = [str(Path(sys.executable).parent / "ray"), "job", "submit", "--address", cluster.dashboard_url, "--", sys.executable, "-c", driver]
+        submit = [
+            str(Path(sys.executable).parent / "ray"),
+            "job",
+            "submit",
+            "--address",
+            cluster.dashboard_url,
+            "--",
+            sys.executable,
+            "-c",
+            driver,
+        ]
         client = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
         deadline = time.monotonic() + 300
         done = subprocess.run(submit, env=client, capture_output=True, text=True, timeout=300)
-        while "No available agent to submit job" in done.stderr and time.monotonic() < deadline:  # the head's job agent starts after the dashboard
+        while (
+            "No available agent to submit job" in done.stderr and time.monotonic() < deadline
+        ):  # the head's job agent starts after the dashboard
             time.sleep(5)
             done = subprocess.run(submit, env=client, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "driver True" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
-        refused = subprocess.run(submit, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=120)
-        assert refused.returncode != 0 and "Missing authentication token" in refused.stderr, refused.stderr[-2000:]  # the dashboard's 401
+        refused = subprocess.run(
+            submit, env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True, text=True, timeout=120
+        )
+        assert refused.returncode != 0 and "Missing authentication token" in refused.stderr, refused.stderr[
+            -2000:
+        ]  # the dashboard's 401
     finally:
         cluster.stop()
 
@@ -104,7 +128,12 @@ def test_a_bf16_reference_still_names_a_wrong_layer(tiny_target: str) -> None:
         return shifted.extract(prompts)
 
     report = asyncio.run(Canary(tiny_target, LAYERS).run(served))
-    assert not report.ok and "layer 2" in report.message() and "layer 1:" not in report.message() and "layer 4" not in report.message()
+    assert (
+        not report.ok
+        and "layer 2" in report.message()
+        and "layer 1:" not in report.message()
+        and "layer 4" not in report.message()
+    )
 
 
 PATTERN_KILLS = re.compile(r"\b(pkill|killall|pgrep)\b|kill\s+-9\s+\$\(|xargs\s+(-\S+\s+)*kill\b")
@@ -112,7 +141,13 @@ PATTERN_KILLS = re.compile(r"\b(pkill|killall|pgrep)\b|kill\s+-9\s+\$\(|xargs\s+
 
 def test_no_file_suggests_ending_processes_by_a_name_pattern() -> None:
     """On a shared node, a name pattern ends other users' and other jobs' processes too: raypipe ends its own by pid."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     this = Path(__file__).resolve().relative_to(ROOT).as_posix()
     found = []
     for name in listed.stdout.splitlines():
@@ -123,5 +158,7 @@ def test_no_file_suggests_ending_processes_by_a_name_pattern() -> None:
             text = path.read_text()
         except UnicodeDecodeError:
             continue
-        found += [f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if PATTERN_KILLS.search(line)]
+        found += [
+            f"{name}:{n}: {line.strip()}" for n, line in enumerate(text.splitlines(), 1) if PATTERN_KILLS.search(line)
+        ]
     assert not found, "\n".join(found)

@@ -32,7 +32,9 @@ RESULT_TIMEOUT_S = 120  # a request that hangs fails the test instead of blockin
 
 @pytest.fixture(scope="module")
 def service(ray_cluster: str, tiny_target: str) -> Any:
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(serve_config(tiny_target, layer_ids=LAYERS, canary="off"))
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
+        serve_config(tiny_target, layer_ids=LAYERS, canary="off")
+    )
     handle = serve.run(app, name="hidden_states_faults", route_prefix=None)
     yield handle
     serve.delete("hidden_states_faults")
@@ -65,7 +67,11 @@ def _outcome(batch: list[list[int]], response: Any, cancelled: bool) -> str:
 
 def _leftovers(directory: Path, owner: bool = True) -> list[str]:
     """State files or locks still in the replica's directory, and (`owner`) anything handed over to this process and not read."""
-    return sorted(str(p) for p in directory.rglob("*") if p.is_file() and (p.parent == directory or owner and p.parent.name == f"{OWNER}{os.getpid()}"))
+    return sorted(
+        str(p)
+        for p in directory.rglob("*")
+        if p.is_file() and (p.parent == directory or owner and p.parent.name == f"{OWNER}{os.getpid()}")
+    )
 
 
 def _settled(service: Any, owner: bool = True, timeout_s: float = 60) -> tuple[dict[str, Any], list[str]]:
@@ -94,7 +100,9 @@ def test_cancelled_requests_hurt_no_other_request_and_leave_no_file(service: Any
         if i > 8:
             time.sleep(0.2)  # the later ones once the engine has them
         responses[i].cancel()
-    outcomes = [_outcome(batch, response, i in cancelled) for i, (batch, response) in enumerate(zip(batches, responses))]
+    outcomes = [
+        _outcome(batch, response, i in cancelled) for i, (batch, response) in enumerate(zip(batches, responses))
+    ]
     assert outcomes.count("served") == 16 - len(cancelled) and "cancelled" in outcomes, outcomes
     assert len(long.result(timeout_s=RESULT_TIMEOUT_S)) == 4
     stats, left = _settled(service)
@@ -123,7 +131,9 @@ def test_soak_several_clients_cancelling_at_random_no_request_hangs_and_the_repl
                 if cancel:
                     time.sleep(rng.uniform(0, 0.3))  # waiting, in the engine, or already done
                     response.cancel()
-                if len(in_flight) == 3 or n == per_client - 1:  # up to 3 requests in flight per client, as a trainer prefetches
+                if (
+                    len(in_flight) == 3 or n == per_client - 1
+                ):  # up to 3 requests in flight per client, as a trainer prefetches
                     for b, r, c in in_flight:
                         kind = _outcome(b, r, c)  # a hang raises TimeoutError
                         with lock:

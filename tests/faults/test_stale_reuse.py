@@ -26,7 +26,13 @@ from raypipe.storage import Storage
 from raypipe.train.rows import PreparedRows
 from tests.conftest import prepare_records, qwen_spec
 
-ROWS = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]} for i in range(40)]
+ROWS = [
+    {
+        "id": f"r{i}",
+        "messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}],
+    }
+    for i in range(40)
+]
 
 
 def inputs(root: Path) -> Path:
@@ -42,8 +48,15 @@ def config(root: Path, *overrides: str) -> RaypipeConfig:
     return load_config(
         "debug_cpu",
         [
-            f"data.sources=[{{path: '{root}/in/*.jsonl', name: mixed}}]", f"data.output={root}/prepared", f"data.chat_template={root}/template.jinja",
-            "data.max_length=64", "data.chunk_bytes=1024", "data.num_actors=1", "data.cpus_per_actor=0.5", f"train.output={root}/train", *overrides,
+            f"data.sources=[{{path: '{root}/in/*.jsonl', name: mixed}}]",
+            f"data.output={root}/prepared",
+            f"data.chat_template={root}/template.jinja",
+            "data.max_length=64",
+            "data.chunk_bytes=1024",
+            "data.num_actors=1",
+            "data.cpus_per_actor=0.5",
+            f"train.output={root}/train",
+            *overrides,
         ],
     )
 
@@ -85,10 +98,17 @@ def bump_version(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     ("change", "refusal"),
-    [(edit_template, "tokenizer or chat template"), (touch, "input files"), (grow, "input files"), (bump_version, "raypipe version")],
+    [
+        (edit_template, "tokenizer or chat template"),
+        (touch, "input files"),
+        (grow, "input files"),
+        (bump_version, "raypipe version"),
+    ],
     ids=["template_edited_in_place", "input_mtime", "input_size", "raypipe_version"],
 )
-def test_a_changed_dependency_reruns_prepare_and_the_old_output_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, refusal) -> None:
+def test_a_changed_dependency_reruns_prepare_and_the_old_output_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change, refusal
+) -> None:
     root = inputs(tmp_path)
     cfg = config(root)
     start(cfg)
@@ -98,7 +118,9 @@ def test_a_changed_dependency_reruns_prepare_and_the_old_output_is_refused(tmp_p
 
     change(root, monkeypatch)
     assert StageLog(cfg).done("prepare") is None, "the stage log would skip prepare"
-    with pytest.raises(ValueError, match=rf"holds a run made with a different {refusal} .*set a new data.output, or delete .*prepared"):
+    with pytest.raises(
+        ValueError, match=rf"holds a run made with a different {refusal} .*set a new data.output, or delete .*prepared"
+    ):
         start(cfg)
 
 
@@ -137,7 +159,9 @@ def test_train_export_and_eval_chain_on_the_prepared_data_and_train_settings(tmp
     assert eval_fingerprint(cfg, "a") != eval_fingerprint(cfg, "b")
 
 
-def test_prepare_fingerprint_covers_template_text_inputs_output_and_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_prepare_fingerprint_covers_template_text_inputs_output_and_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     root = inputs(tmp_path)
     seen = {prepare_fingerprint(config(root).data)}
     for change in (edit_template, touch, grow, bump_version):
@@ -165,20 +189,30 @@ def test_a_changed_prepared_shard_is_refused_when_training_reads_it(tmp_path: Pa
     result = prepare_records(tmp_path, ROWS)
     stats = out.write_shard(result)
     _, spec = qwen_spec()
-    out.write_json("manifest.json", {"shards": [{"file": stats["file"], "rows": stats["rows_kept"], "sha256": stats["sha256"]}],
-                                     "end_of_turn": {"token": spec.end_of_turn, "id": spec.end_of_turn_id}})
+    out.write_json(
+        "manifest.json",
+        {
+            "shards": [{"file": stats["file"], "rows": stats["rows_kept"], "sha256": stats["sha256"]}],
+            "end_of_turn": {"token": spec.end_of_turn, "id": spec.end_of_turn_id},
+        },
+    )
     rows = PreparedRows(out, Storage(str(tmp_path / "replies"), {}), max_length=64)
     assert [rows.row(i).sample_id for i in range(len(rows))] == [r["id"] for r in ROWS]  # intact: read as is
 
     damage(tmp_path / "prepared" / stats["file"])
-    with pytest.raises(ValueError, match=r"prepared shard .*/data/part-000000\.parquet does not match manifest\.json .*stats/part-000000\.json"):
+    with pytest.raises(
+        ValueError,
+        match=r"prepared shard .*/data/part-000000\.parquet does not match manifest\.json .*stats/part-000000\.json",
+    ):
         rows = PreparedRows(out, Storage(str(tmp_path / "replies"), {}), max_length=64)
         for i in range(len(rows)):
             rows.row(i)
 
 
 @pytest.mark.integration
-def test_prepare_reruns_through_the_real_data_stage_after_a_template_edit_in_place(ray_cluster: str, tmp_path: Path) -> None:
+def test_prepare_reruns_through_the_real_data_stage_after_a_template_edit_in_place(
+    ray_cluster: str, tmp_path: Path
+) -> None:
     from raypipe.data.pipeline import run_prepare
 
     def pipeline_prepare(cfg: RaypipeConfig) -> dict[str, Any] | None:
@@ -196,7 +230,9 @@ def test_prepare_reruns_through_the_real_data_stage_after_a_template_edit_in_pla
     assert pipeline_prepare(config(root)) is None  # nothing changed: skipped
 
     edit_template(root, pytest.MonkeyPatch())
-    with pytest.raises(ValueError, match="different tokenizer or chat template"):  # not skipped: re-run, and the old output refused
+    with pytest.raises(
+        ValueError, match="different tokenizer or chat template"
+    ):  # not skipped: re-run, and the old output refused
         pipeline_prepare(config(root))
     again = pipeline_prepare(config(root, f"data.output={root}/prepared-2"))  # the fix the message names
     assert again is not None and again["template_hash"] != first["template_hash"] and again["counts"] == first["counts"]
@@ -219,8 +255,12 @@ def _fake_training_run(cfg: RaypipeConfig, manifest_sha256: str) -> None:
             Path(tmp, "provenance.json").write_text(json.dumps(provenance))
             ray.train.report({"train_loss": 1.0, "step": 1}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
-    trainer = TorchTrainer(loop, torch_config=TorchConfig(backend="gloo"), scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
-                           run_config=run_config(cfg))
+    trainer = TorchTrainer(
+        loop,
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.5}),
+        run_config=run_config(cfg),
+    )
     assert trainer.fit().error is None
 
 
@@ -236,12 +276,16 @@ def test_a_resume_under_other_train_settings_or_data_is_refused(ray_cluster: str
     _fake_training_run(cfg, hashlib.sha256(manifest.read_bytes()).hexdigest())
 
     check_resume(cfg)  # the same settings resume
-    check_resume(config(root, "train.num_workers=1", "train.checkpoint_every=7", "serve.num_cpus=1"))  # so do other execution settings
+    check_resume(
+        config(root, "train.num_workers=1", "train.checkpoint_every=7", "serve.num_cpus=1")
+    )  # so do other execution settings
     assert latest_checkpoint(cfg).exists("config.json")
 
     lr = config(root, "train.lr=0.01")
     for call in (check_resume, latest_checkpoint, best_checkpoint, run_training):
-        with pytest.raises(ValueError, match=r"trained with other settings or data \(train\.lr: 0\.003 there, 0\.01 now\).*name="):
+        with pytest.raises(
+            ValueError, match=r"trained with other settings or data \(train\.lr: 0\.003 there, 0\.01 now\).*name="
+        ):
             call(lr)
     assert not (root / "train" / "replies").exists(), "refused before anything was written"
 

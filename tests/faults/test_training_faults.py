@@ -40,7 +40,17 @@ class Drafter:
 
     def __init__(self, tiny_target: str, strategy: str = "ddp", lr: float = 1e-2) -> None:
         self.target = resolve_target(serve_config(tiny_target))
-        self.tc = TrainConfig(output="unused", draft_layers=1, block_size=4, max_anchors=16, step_tokens=256, use_gpu=False, seed=0, lr=lr, strategy=strategy)
+        self.tc = TrainConfig(
+            output="unused",
+            draft_layers=1,
+            block_size=4,
+            max_anchors=16,
+            step_tokens=256,
+            use_gpu=False,
+            seed=0,
+            lr=lr,
+            strategy=strategy,
+        )
         self.drafter = build_drafter(self.target, self.tc)
         self.model = place_drafter(self.drafter, strategy, torch.device("cpu"))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -52,28 +62,53 @@ class Drafter:
     def batch(self, seed: int, fault: float | None = None) -> dict[str, torch.Tensor]:
         """A packed step of two rows; `fault` (NaN or Inf) written into one position of the second row's states."""
         rng = np.random.default_rng(seed)
-        rows = [Row(f"r{seed}-{i}", rng.integers(0, 150_000, TOKENS).astype(np.int64), np.ones(TOKENS, np.int64)) for i in range(2)]
-        states = [torch.from_numpy(rng.standard_normal((TOKENS, len(self.target.layer_ids), self.target.shape.hidden_size)).astype(np.float32)) for _ in rows]
+        rows = [
+            Row(f"r{seed}-{i}", rng.integers(0, 150_000, TOKENS).astype(np.int64), np.ones(TOKENS, np.int64))
+            for i in range(2)
+        ]
+        states = [
+            torch.from_numpy(
+                rng.standard_normal((TOKENS, len(self.target.layer_ids), self.target.shape.hidden_size)).astype(
+                    np.float32
+                )
+            )
+            for _ in rows
+        ]
         if fault is not None:
             states[1][TOKENS // 2, 0, 5] = fault
         return drafter_inputs(pack_host(rows, states, pin=False), self.dtype)
 
     def step(self, seed: int, fault: float | None = None) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)  # the same anchors for a step, whatever ran before
-        return train_step(self.model, self.params, self.optimizer, self.scheduler, self.batch(seed, fault), self.kwargs, self.tc.grad_clip, 1.0, self.autocast)
+        return train_step(
+            self.model,
+            self.params,
+            self.optimizer,
+            self.scheduler,
+            self.batch(seed, fault),
+            self.kwargs,
+            self.tc.grad_clip,
+            1.0,
+            self.autocast,
+        )
 
     def weights(self) -> list[torch.Tensor]:
         return [p.detach().clone() for p in self.params]
 
     def moments(self) -> list[tuple[float, torch.Tensor, torch.Tensor]]:
-        return [(float(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone()) for s in (self.optimizer.state[p] for p in self.params)]
+        return [
+            (float(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone())
+            for s in (self.optimizer.state[p] for p in self.params)
+        ]
 
 
 @pytest.fixture
 def one_rank_group(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A real gloo process group of one rank, as a Ray Train worker has (the skip flag is all-reduced in it)."""
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))  # restored after: a later subprocess must not inherit a stale port
+    monkeypatch.setenv(
+        "MASTER_PORT", str(free_port())
+    )  # restored after: a later subprocess must not inherit a stale port
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
@@ -84,7 +119,9 @@ def _equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 @pytest.mark.parametrize("fault", [float("nan"), float("inf")])
-def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(tiny_target: str, one_rank_group: Any, fault: float) -> None:
+def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(
+    tiny_target: str, one_rank_group: Any, fault: float
+) -> None:
     d = Drafter(tiny_target)
     metrics = StepMetrics(torch.device("cpu"))
     first = d.step(1)
@@ -97,7 +134,9 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(tiny_t
     assert _equal(d.weights(), weights), "a skipped step changed the weights"
     assert all(torch.isfinite(w).all() for w in d.weights())
     after = d.moments()
-    assert [m[0] for m in after] == [m[0] for m in moments] and all(torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(after, moments))
+    assert [m[0] for m in after] == [m[0] for m in moments] and all(
+        torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(after, moments)
+    )
     assert all(p.grad is None for p in d.params)
     metrics.add(bad)
 
@@ -105,13 +144,19 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(tiny_t
     assert third[NONFINITE].item() == 0.0 and not _equal(d.weights(), weights), "training goes on after a skipped step"
     metrics.add(third)
     m = metrics.reduce()
-    assert (m["steps"], m["nonfinite_steps"], m["nonfinite_run"]) == (3.0, 1.0, 1.0)  # one skipped, the longest run of them: 1
+    assert (m["steps"], m["nonfinite_steps"], m["nonfinite_run"]) == (
+        3.0,
+        1.0,
+        1.0,
+    )  # one skipped, the longest run of them: 1
     # The interval's loss is that of the two steps that trained: the skipped one adds nothing, not even its NaN.
     expected = (first["loss_sum"] + third["loss_sum"]) / (first["loss_total"] + third["loss_total"])
     assert m["loss"] == pytest.approx(expected.item())
 
 
-def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(tiny_target: str, one_rank_group: Any) -> None:
+def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(
+    tiny_target: str, one_rank_group: Any
+) -> None:
     cfg = load_config("debug_cpu", ["train.max_nonfinite_steps=3"])
     d = Drafter(tiny_target)
     metrics = StepMetrics(torch.device("cpu"))
@@ -124,12 +169,25 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(t
     m = metrics.reduce()
     assert (m["nonfinite_steps"], m["nonfinite_run"], m["steps"]) == (1.0, 3.0, 1.0)
     assert math.isnan(m["loss"]), "an interval whose every step was skipped has no loss"
-    with pytest.raises(ValueError, match=r"3 optimizer steps in a row up to step 7 .*max_nonfinite_steps=3.*Lower train\.lr .*prepared data"):
+    with pytest.raises(
+        ValueError,
+        match=r"3 optimizer steps in a row up to step 7 .*max_nonfinite_steps=3.*Lower train\.lr .*prepared data",
+    ):
         stop_if_diverged(m, cfg, step=7)
 
 
 def _save(d: Drafter, directory: Path, step: int) -> None:
-    save_checkpoint(directory, d.model, d.drafter, d.optimizer, d.scheduler, TrainingState(step=step), {"name": "faults"}, {"target_path": d.target.path}, write=True)
+    save_checkpoint(
+        directory,
+        d.model,
+        d.drafter,
+        d.optimizer,
+        d.scheduler,
+        TrainingState(step=step),
+        {"name": "faults"},
+        {"target_path": d.target.path},
+        write=True,
+    )
 
 
 def test_a_model_holding_nan_is_never_checkpointed(tiny_target: str, one_rank_group: Any, tmp_path: Path) -> None:
@@ -141,18 +199,24 @@ def test_a_model_holding_nan_is_never_checkpointed(tiny_target: str, one_rank_gr
     with torch.no_grad():
         param[0, 0] = math.inf
     (tmp_path / "bad").mkdir()
-    with pytest.raises(ValueError, match=rf"refusing to checkpoint step 2: 1 trainable tensors hold NaN or Inf \({name}\)"):
+    with pytest.raises(
+        ValueError, match=rf"refusing to checkpoint step 2: 1 trainable tensors hold NaN or Inf \({name}\)"
+    ):
         _save(d, tmp_path / "bad", 2)
     assert not list((tmp_path / "bad").iterdir()), "nothing of the refused checkpoint is written"
 
 
-def test_optimizer_and_scheduler_states_load_with_weights_only(tiny_target: str, one_rank_group: Any, tmp_path: Path) -> None:
+def test_optimizer_and_scheduler_states_load_with_weights_only(
+    tiny_target: str, one_rank_group: Any, tmp_path: Path
+) -> None:
     d = Drafter(tiny_target)
     for seed in (1, 2):
         d.step(seed)
     _save(d, tmp_path, 2)
     for name in ("optimizer.pt", "scheduler.pt"):
-        torch.load(tmp_path / name, weights_only=True)  # raises on anything but tensors, numbers, strings and containers
+        torch.load(
+            tmp_path / name, weights_only=True
+        )  # raises on anything but tensors, numbers, strings and containers
     resumed = Drafter(tiny_target)
     assert load_checkpoint(tmp_path, resumed.model, resumed.optimizer, resumed.scheduler) == TrainingState(step=2)
     assert _equal(resumed.weights(), d.weights())
@@ -163,7 +227,9 @@ def test_optimizer_and_scheduler_states_load_with_weights_only(tiny_target: str,
     assert _equal(resumed.weights(), d.weights()), "the resumed optimizer takes the same step"
 
 
-def test_a_failed_export_leaves_the_previous_export_intact(tiny_target: str, one_rank_group: Any, tmp_path: Path) -> None:
+def test_a_failed_export_leaves_the_previous_export_intact(
+    tiny_target: str, one_rank_group: Any, tmp_path: Path
+) -> None:
     cfg = load_config("debug_cpu", [f"train.output={tmp_path / 'train'}"])
     d = Drafter(tiny_target)
     d.step(1)
@@ -172,7 +238,9 @@ def test_a_failed_export_leaves_the_previous_export_intact(tiny_target: str, one
     _save(d, tmp_path / "ckpt2", 2)
     out = tmp_path / "export"
     first = export_checkpoint(cfg, Storage(str(tmp_path / "ckpt1"), {}), str(out))
-    assert first["training_state"]["step"] == 1 and json.loads((out / "export.json").read_text()) == json.loads(json.dumps(first))
+    assert first["training_state"]["step"] == 1 and json.loads((out / "export.json").read_text()) == json.loads(
+        json.dumps(first)
+    )
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     broken = tmp_path / "ckpt2"
@@ -180,11 +248,16 @@ def test_a_failed_export_leaves_the_previous_export_intact(tiny_target: str, one
     with pytest.raises(json.JSONDecodeError):
         export_checkpoint(cfg, Storage(str(broken), {}), str(out))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the failed export touched the previous one"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt1", "ckpt2", "export"], "a temporary directory was left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt1", "ckpt2", "export"], (
+        "a temporary directory was left behind"
+    )
 
     _save(d, broken, 2)
     second = export_checkpoint(cfg, Storage(str(broken), {}), str(out))
-    assert second["training_state"]["step"] == 2 and json.loads((out / "export.json").read_text())["training_state"]["step"] == 2
+    assert (
+        second["training_state"]["step"] == 2
+        and json.loads((out / "export.json").read_text())["training_state"]["step"] == 2
+    )
     assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt1", "ckpt2", "export"]
 
@@ -202,7 +275,12 @@ def _rank(rank: int, world: int, port: int, tiny_target: str, out: str) -> None:
         flags.append(d.step(20 + rank, math.nan if rank == 1 else None)[NONFINITE].item())
         unchanged = _equal(local(), before)
         flags.append(d.step(30 + rank)[NONFINITE].item())
-        report[strategy] = {"flags": flags, "unchanged": unchanged, "moved": not _equal(local(), before), "checksum": sum(float(w.double().sum()) for w in local())}
+        report[strategy] = {
+            "flags": flags,
+            "unchanged": unchanged,
+            "moved": not _equal(local(), before),
+            "checksum": sum(float(w.double().sum()) for w in local()),
+        }
     Path(out, f"{rank}.json").write_text(json.dumps(report))
     dist.destroy_process_group()
 
@@ -212,7 +290,9 @@ def test_every_rank_skips_the_step_only_one_rank_saw_nan(tiny_target: str, tmp_p
     r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
     for strategy in ("ddp", "fsdp2"):
         assert r0[strategy]["flags"] == r1[strategy]["flags"] == [0.0, 1.0, 0.0], strategy
-        assert r0[strategy]["unchanged"] and r1[strategy]["unchanged"] and r0[strategy]["moved"] and r1[strategy]["moved"], strategy
+        assert (
+            r0[strategy]["unchanged"] and r1[strategy]["unchanged"] and r0[strategy]["moved"] and r1[strategy]["moved"]
+        ), strategy
     assert r0["ddp"]["checksum"] == r1["ddp"]["checksum"], "DDP replicas diverged"
 
 
@@ -231,7 +311,9 @@ def _report_scored_checkpoints(config: dict[str, Any]) -> None:
 
 
 @pytest.mark.integration
-def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_the_best(ray_cluster: str, tmp_path: Path) -> None:
+def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_the_best(
+    ray_cluster: str, tmp_path: Path
+) -> None:
     """The launcher's real CheckpointConfig: one kept by score (lowest train_loss; NaN never best) plus the latest, always."""
     import hashlib
 
@@ -240,7 +322,10 @@ def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_
 
     from raypipe.train.launcher import best_checkpoint, latest_checkpoint, run_config
 
-    cfg: RaypipeConfig = load_config("debug_cpu", [f"train.output={tmp_path / 'train'}", f"data.output={tmp_path / 'prepared'}", "train.keep_checkpoints=1"])
+    cfg: RaypipeConfig = load_config(
+        "debug_cpu",
+        [f"train.output={tmp_path / 'train'}", f"data.output={tmp_path / 'prepared'}", "train.keep_checkpoints=1"],
+    )
     (tmp_path / "prepared").mkdir()
     (tmp_path / "prepared" / "manifest.json").write_text('{"counts": {}}')
     trainer = TorchTrainer(

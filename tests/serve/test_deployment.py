@@ -11,9 +11,9 @@ import torch
 from ray import serve
 
 from raypipe.serve.deployment import HiddenStateService
-from raypipe.serve.transport import StateFile, as_tensor
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
+from raypipe.serve.transport import StateFile, as_tensor
 from tests.conftest import scrape_metrics, serve_config
 
 pytestmark = pytest.mark.integration
@@ -37,7 +37,9 @@ def test_states_through_serve_equal_the_engine_on_both_paths(service, tiny_targe
     batches = [[list(range(100 + i, 120 + 3 * i))] for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         here = list(pool.map(lambda b: service.extract.remote(b, **where).result(), batches))
-        elsewhere = list(pool.map(lambda b: service.extract.remote(b, node_id="another-node", owner_pid=1).result(), batches))
+        elsewhere = list(
+            pool.map(lambda b: service.extract.remote(b, node_id="another-node", owner_pid=1).result(), batches)
+        )
     for batch, local, remote in zip(batches, here, elsewhere):
         [expected] = reference.extract(batch)
         assert isinstance(local[0], StateFile) and isinstance(remote[0], np.ndarray)
@@ -45,16 +47,29 @@ def test_states_through_serve_equal_the_engine_on_both_paths(service, tiny_targe
             assert got.dtype == torch.float32 and got.shape == (len(batch[0]), len(LAYERS), 64)
             torch.testing.assert_close(got, expected)  # the engine's dtype end to end: fp32 here
     stats = service.stats.remote().result()
-    assert not [p for p in Path(stats["directory"]).rglob("*.safetensors")]  # every handed-over file was read and removed
+    assert not [
+        p for p in Path(stats["directory"]).rglob("*.safetensors")
+    ]  # every handed-over file was read and removed
     assert stats["canary"].startswith("canary ok")
-    names = ["ray_raypipe_serve_requests_total", "ray_raypipe_serve_tokens_total", "ray_raypipe_serve_latency_s_bucket", "ray_raypipe_serve_canary_ok"]
+    names = [
+        "ray_raypipe_serve_requests_total",
+        "ray_raypipe_serve_tokens_total",
+        "ray_raypipe_serve_latency_s_bucket",
+        "ray_raypipe_serve_canary_ok",
+    ]
     metrics = scrape_metrics(ray_cluster, names)
     assert all(metrics.values()), f"not exported: {[n for n, v in metrics.items() if not v]}"
 
 
 @pytest.mark.parametrize(
     "batch, problem",
-    [([[1, 200_000]], "outside the vocabulary"), ([], "non-empty"), ([list(range(300))], "maximum is 256"), ([[1.5]], "must be an int"), ([[1]] * 9, "9 sequences")],
+    [
+        ([[1, 200_000]], "outside the vocabulary"),
+        ([], "non-empty"),
+        ([list(range(300))], "maximum is 256"),
+        ([[1.5]], "must be an int"),
+        ([[1]] * 9, "9 sequences"),
+    ],
 )
 def test_bad_requests_are_refused_and_the_replica_stays_healthy(service, batch, problem):
     with pytest.raises(Exception, match=problem):
@@ -63,7 +78,9 @@ def test_bad_requests_are_refused_and_the_replica_stays_healthy(service, batch, 
 
 
 def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_states(ray_cluster, tiny_target):
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(serve_config(tiny_target, layer_ids=LAYERS))
+    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
+        serve_config(tiny_target, layer_ids=LAYERS)
+    )
     handle = serve.run(app, name="hidden_states_vllm", route_prefix=None)
     try:
         assert handle.stats.remote().result()["canary"].startswith("canary ok")
@@ -100,15 +117,27 @@ def test_the_serve_job_answers_health_and_stats_over_http_on_loopback(tmp_path):
 
     root = Path(__file__).resolve().parents[2]
     port = free_port()
-    cmd = [sys.executable, "jobs/serve_target.py", "--recipe", "debug_cpu", "serve.engine=transformers", "serve.dtype=float32", f"serve.http_port={port}"]
+    cmd = [
+        sys.executable,
+        "jobs/serve_target.py",
+        "--recipe",
+        "debug_cpu",
+        "serve.engine=transformers",
+        "serve.dtype=float32",
+        f"serve.http_port={port}",
+    ]
     env = {**os.environ, "RAY_ADDRESS": "local", "RAYPIPE_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen(cmd, cwd=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cmd, cwd=root, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline, health = time.monotonic() + 240, None
         while time.monotonic() < deadline and health is None:
             assert proc.poll() is None, "the serve job exited"
             try:
-                health = urllib.request.urlopen(f"http://127.0.0.1:{port}/hidden_states/health", timeout=5).read().decode()
+                health = (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/hidden_states/health", timeout=5).read().decode()
+                )
             except OSError:
                 time.sleep(2)
         assert health == '"ok"'

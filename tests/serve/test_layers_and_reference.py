@@ -17,7 +17,9 @@ def test_default_layers_follow_dflash():
     assert default_layer_ids(4) == (1, 4)
 
 
-@pytest.mark.parametrize("ids, problem", [((), "at least one"), ((2, 1), "ascending"), ((1, 1), "distinct"), ((0, 5), r"\[0, 4\]")])
+@pytest.mark.parametrize(
+    "ids, problem", [((), "at least one"), ((2, 1), "ascending"), ((1, 1), "distinct"), ((0, 5), r"\[0, 4\]")]
+)
 def test_bad_layer_ids_are_explained(ids, problem):
     with pytest.raises(ValueError, match=problem):
         check_layer_ids(ids, 4)

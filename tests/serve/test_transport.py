@@ -13,7 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from raypipe.serve.transport import OWNER, StateFile, as_tensor, copy_states, hand_over, read_array, reclaim_orphans, replica_dir, states_dtype, write_states
+from raypipe.serve.transport import (
+    OWNER,
+    StateFile,
+    as_tensor,
+    copy_states,
+    hand_over,
+    read_array,
+    reclaim_orphans,
+    replica_dir,
+    states_dtype,
+    write_states,
+)
 
 
 @pytest.fixture
@@ -23,11 +34,17 @@ def directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_same_node_hand_over_copies_once_into_the_buffer_and_removes_the_file(directory: Path, dtype: torch.dtype) -> None:
+def test_the_same_node_hand_over_copies_once_into_the_buffer_and_removes_the_file(
+    directory: Path, dtype: torch.dtype
+) -> None:
     states = torch.randn(7, 3, 16).to(dtype)
     path = write_states(directory, "req", states, list(range(7)))
     handed = hand_over(path, list(range(7)), owner_pid=os.getpid())
-    assert isinstance(handed, StateFile) and Path(handed.path).parent.name == f"{OWNER}{os.getpid()}" and not Path(path).exists()
+    assert (
+        isinstance(handed, StateFile)
+        and Path(handed.path).parent.name == f"{OWNER}{os.getpid()}"
+        and not Path(path).exists()
+    )
     assert handed.shape == (7, 3, 16) and states_dtype(handed) == dtype
     buffer = torch.zeros(10, 3, 16, dtype=dtype)
     copy_states(handed, buffer[2:9])
@@ -61,7 +78,12 @@ def test_files_of_dead_replicas_and_dead_trainers_are_reclaimed(tmp_path: Path) 
     dead = _dead_pid()
     dead_replica = tmp_path / f"raypipe-states-{dead}-abc"
     live_replica = tmp_path / f"raypipe-states-{os.getpid()}-def"
-    for d in (dead_replica / f"{OWNER}{dead}", dead_replica / f"{OWNER}{os.getpid()}", live_replica / f"{OWNER}{dead}", live_replica / f"{OWNER}{os.getpid()}"):
+    for d in (
+        dead_replica / f"{OWNER}{dead}",
+        dead_replica / f"{OWNER}{os.getpid()}",
+        live_replica / f"{OWNER}{dead}",
+        live_replica / f"{OWNER}{os.getpid()}",
+    ):
         d.mkdir(parents=True)
         (d / "x.safetensors").write_bytes(b"states")
     (dead_replica / "unread.safetensors").write_bytes(b"engine output of the dead replica")
@@ -70,7 +92,12 @@ def test_files_of_dead_replicas_and_dead_trainers_are_reclaimed(tmp_path: Path) 
     stale.write_bytes(b"abandoned")
     os.utime(stale, (time.time() - 3600, time.time() - 3600))
     removed = reclaim_orphans(str(tmp_path), stale_s=600)
-    gone = [dead_replica / f"{OWNER}{dead}", dead_replica / "unread.safetensors", live_replica / f"{OWNER}{dead}", stale]
+    gone = [
+        dead_replica / f"{OWNER}{dead}",
+        dead_replica / "unread.safetensors",
+        live_replica / f"{OWNER}{dead}",
+        stale,
+    ]
     assert sorted(removed) == sorted(map(str, gone))
     # A live trainer keeps what it was handed, even from a replica that died since.
     assert [p.name for p in dead_replica.iterdir()] == [f"{OWNER}{os.getpid()}"]

@@ -15,7 +15,12 @@ from tests.conftest import serve_config
 pytestmark = pytest.mark.integration
 
 LAYERS = (0, 1, 2, 3, 4)
-BATCH = [[9707, 1879], [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198], list(range(100, 137)), list(range(5000, 5300, 3))]
+BATCH = [
+    [9707, 1879],
+    [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198],
+    list(range(100, 137)),
+    list(range(5000, 5300, 3)),
+]
 
 
 def config(tiny_target):
@@ -81,7 +86,9 @@ def test_greedy_replies_equal_plain_offline_vllm(engines, tiny_target):
     cfg = config(tiny_target)
     plain = LLM(**engine_args(resolve_target(cfg), cfg))
     try:
-        outputs = plain.generate([{"prompt_token_ids": p} for p in BATCH], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+        outputs = plain.generate(
+            [{"prompt_token_ids": p} for p in BATCH], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False
+        )
         ours = together(loop, [vllm.generate(ids, Sampling(temperature=0.0, max_tokens=12)) for ids in BATCH])
         assert ours == [list(o.outputs[0].token_ids) for o in outputs]
     finally:

@@ -23,7 +23,14 @@ from tests.conftest import free_port
 
 def _model_metrics(device: str, loss: float, acc: float) -> dict[str, torch.Tensor]:
     """What speculators' DFlash forward returns: 0-dim sum/total tensors on the device."""
-    values = {"loss_sum": loss, "loss_total": 1.0, "eal_sum": 1.0 + acc, "eal_total": 1.0, "position_1_acc_sum": acc, "position_1_acc_total": 1.0}
+    values = {
+        "loss_sum": loss,
+        "loss_total": 1.0,
+        "eal_sum": 1.0 + acc,
+        "eal_total": 1.0,
+        "position_1_acc_sum": acc,
+        "position_1_acc_total": 1.0,
+    }
     return {k: torch.tensor(v, device=device) for k, v in values.items()}
 
 
@@ -55,7 +62,9 @@ class CollectiveDevices(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if func.namespace == "c10d":
-            self.seen.append((str(func), [t.device.type for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]))
+            self.seen.append(
+                (str(func), [t.device.type for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)])
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -90,18 +99,32 @@ def _row(sample_id: str, length: int, offset: int) -> Row:
 
 def test_the_feeder_packs_each_step_on_the_device_and_splits_the_states() -> None:
     steps = [Step(0, [_row("a", 3, 0), _row("b", 2, 10)]), Step(None, [_row("c", 4, 20)])]
-    states = [[torch.full((3, 3, 2), 1.0, dtype=torch.bfloat16), torch.full((2, 3, 2), 2.0, dtype=torch.bfloat16)], [torch.arange(24, dtype=torch.bfloat16).reshape(4, 3, 2)]]
+    states = [
+        [torch.full((3, 3, 2), 1.0, dtype=torch.bfloat16), torch.full((2, 3, 2), 2.0, dtype=torch.bfloat16)],
+        [torch.arange(24, dtype=torch.bfloat16).reshape(4, 3, 2)],
+    ]
     out = list(DeviceFeeder(iter(zip(steps, states)), torch.device("cpu"), torch.float32))
     assert [s.index for s, _ in out] == [0, None]
-    assert out[0][0].sources == {"states_file": 0.0, "states_array": 0.0, "states_cache": 2.0}  # tensors: what the cache gives
+    assert out[0][0].sources == {
+        "states_file": 0.0,
+        "states_array": 0.0,
+        "states_cache": 2.0,
+    }  # tensors: what the cache gives
     first = out[0][1]
     assert first["input_ids"].tolist() == [[0, 1, 2, 10, 11]] and first["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
     assert first["document_ids"].tolist() == [[0, 0, 0, 1, 1]] and first["loss_mask"].shape == (1, 5)
-    assert first["hidden_states"].shape == (1, 5, 4) and first["hidden_states"].dtype == torch.float32  # aux layers, concatenated
+    assert (
+        first["hidden_states"].shape == (1, 5, 4) and first["hidden_states"].dtype == torch.float32
+    )  # aux layers, concatenated
     assert first["verifier_last_hidden_states"].shape == (1, 5, 2)  # the last layer
     assert first["hidden_states"][0, 3].tolist() == [2.0] * 4
     second = out[1][1]
-    assert second["verifier_last_hidden_states"][0, :, 0].tolist() == [4.0, 10.0, 16.0, 22.0]  # layer 2 of each token, not a copy of layer 0
+    assert second["verifier_last_hidden_states"][0, :, 0].tolist() == [
+        4.0,
+        10.0,
+        16.0,
+        22.0,
+    ]  # layer 2 of each token, not a copy of layer 0
     assert second["hidden_states"][0, 1].tolist() == [6.0, 7.0, 8.0, 9.0]
 
 

@@ -18,7 +18,9 @@ from raypipe.train.plan import epoch_order, lr_factor, pack_rows, plan_epoch
     window=st.integers(1, 5),
     budget=st.integers(30, 200),
 )
-def test_plan_covers_every_row_once_within_budget(sizes: list[int], seed: int, epoch: int, window: int, budget: int) -> None:
+def test_plan_covers_every_row_once_within_budget(
+    sizes: list[int], seed: int, epoch: int, window: int, budget: int
+) -> None:
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 31, size=sum(sizes))
     plan = plan_epoch(sizes, lengths, seed=seed, epoch=epoch, window=window, budget=budget)

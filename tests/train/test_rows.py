@@ -19,10 +19,23 @@ from raypipe.train.ledger import Ledger
 from raypipe.train.rows import PreparedRows
 from raypipe.train.states import StateCache, stream_states
 
-
 ROWS = [
-    [{"sample_id": "a", "input_ids": [1, 2, 3, 4], "loss_mask": [0, 0, 1, 1], "needs_response": False, "prompt_len": 2},
-     {"sample_id": "b", "input_ids": [5, 6, 7, 8, 9], "loss_mask": [0, 0, 0, 0, 0], "needs_response": True, "prompt_len": 3}],
+    [
+        {
+            "sample_id": "a",
+            "input_ids": [1, 2, 3, 4],
+            "loss_mask": [0, 0, 1, 1],
+            "needs_response": False,
+            "prompt_len": 2,
+        },
+        {
+            "sample_id": "b",
+            "input_ids": [5, 6, 7, 8, 9],
+            "loss_mask": [0, 0, 0, 0, 0],
+            "needs_response": True,
+            "prompt_len": 3,
+        },
+    ],
     [{"sample_id": "c", "input_ids": [10, 11], "loss_mask": [0, 1], "needs_response": False, "prompt_len": 1}],
 ]
 
@@ -32,13 +45,19 @@ def _prepared(root: Path, shards: list[list[dict]] = ROWS) -> PreparedOutput:
     files = []
     for i, shard in enumerate(shards):
         table = pa.Table.from_pylist(
-            [{**r, "source": "s", "num_tokens": len(r["input_ids"]), "num_loss_tokens": sum(r["loss_mask"])} for r in shard], schema=PREPARED_SCHEMA
+            [
+                {**r, "source": "s", "num_tokens": len(r["input_ids"]), "num_loss_tokens": sum(r["loss_mask"])}
+                for r in shard
+            ],
+            schema=PREPARED_SCHEMA,
         )
         (root / "data").mkdir(parents=True, exist_ok=True)
         pq.write_table(table, root / "data" / f"part-{i:06d}.parquet")
         sha256 = hashlib.sha256((root / "data" / f"part-{i:06d}.parquet").read_bytes()).hexdigest()
         files.append({"file": f"data/part-{i:06d}.parquet", "rows": len(shard), "sha256": sha256})
-    (root / "manifest.json").write_text(json.dumps({"shards": files, "end_of_turn": {"token": "<|im_end|>", "id": 151645}}))
+    (root / "manifest.json").write_text(
+        json.dumps({"shards": files, "end_of_turn": {"token": "<|im_end|>", "id": 151645}})
+    )
     return PreparedOutput(str(root), {})
 
 
@@ -57,8 +76,24 @@ def test_replies_replace_placeholders_and_are_cut_to_max_length(tmp_path: Path) 
 
 
 def test_rows_that_share_a_sample_id_keep_their_own_replies(tmp_path: Path) -> None:
-    twins = [[{"sample_id": "dup", "input_ids": [5, 6, 7, 8], "loss_mask": [0] * 4, "needs_response": True, "prompt_len": 3},
-              {"sample_id": "dup", "input_ids": [9, 8, 7, 8], "loss_mask": [0] * 4, "needs_response": True, "prompt_len": 3}]]
+    twins = [
+        [
+            {
+                "sample_id": "dup",
+                "input_ids": [5, 6, 7, 8],
+                "loss_mask": [0] * 4,
+                "needs_response": True,
+                "prompt_len": 3,
+            },
+            {
+                "sample_id": "dup",
+                "input_ids": [9, 8, 7, 8],
+                "loss_mask": [0] * 4,
+                "needs_response": True,
+                "prompt_len": 3,
+            },
+        ]
+    ]
     rows = PreparedRows(_prepared(tmp_path / "prepared", twins), Storage(str(tmp_path / "replies"), {}), max_length=8)
     positions, prompts = rows.prompts_of(0)
     rows.write_replies(0, positions, [[30 + p[0]] for p in prompts])

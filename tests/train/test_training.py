@@ -19,14 +19,14 @@ import ray
 from raypipe.eval.spec_decode import generate_in_vllm
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from raypipe.serve.vllm_args import engine_args
 from raypipe.serve.transport import reclaim_orphans
+from raypipe.serve.vllm_args import engine_args
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
-from raypipe.train.replies import run_replies
 from raypipe.train.ledger import read_ledger, read_training_curve
+from raypipe.train.replies import run_replies
 from tests.conftest import scrape_metrics
 from tests.train.conftest import run_config
 
@@ -56,20 +56,29 @@ def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
     return result, struck
 
 
-def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(ray_cluster: str, prepared: Path, service, tmp_path: Path) -> None:
-    cfg = run_config(prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100", "train.log_every=5")
+def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(
+    ray_cluster: str, prepared: Path, service, tmp_path: Path
+) -> None:
+    cfg = run_config(
+        prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100", "train.log_every=5"
+    )
     result = train(cfg)
     assert result.error is None
     run = Storage(cfg.train.output, {})
     steps = read_training_curve(run, cfg.name)
     # One reduction per 5 steps, and at each checkpoint (every 100 steps and each epoch's end); every step in one interval.
-    assert steps[-1]["step"] == 200 and sum(s["steps"] for s in steps) == 200 and all(0 < s["steps"] <= 5 for s in steps)
+    assert (
+        steps[-1]["step"] == 200 and sum(s["steps"] for s in steps) == 200 and all(0 < s["steps"] <= 5 for s in steps)
+    )
     first = sum(s["loss"] for s in steps[:4]) / 4
     last = sum(s["loss"] for s in steps[-4:]) / 4
     print(json.dumps({"first_loss": first, "last_loss": last, "last": steps[-1]}))
     assert last < 0.7 * first, (first, last)
     assert all(0 <= s["wait_fraction"] <= 1 and s["tokens_per_s"] > 0 for s in steps)
-    names = [f"ray_raypipe_train_{m}" for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total", "accuracy")]
+    names = [
+        f"ray_raypipe_train_{m}"
+        for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total", "accuracy")
+    ]
     exported = scrape_metrics(ray_cluster, names)
     assert all(exported.values()), f"not exported: {[n for n, v in exported.items() if not v]}"
     # Every needs_response row got an on-policy reply, stored once for later epochs.
@@ -85,18 +94,36 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     run_in_vllm = ray.remote(num_cpus=0.5)(generate_in_vllm)
     fp32 = cfg.serve.model_copy(update={"dtype": "float32"})  # the reference below is fp32: compare like with like
     engine = engine_args(resolve_target(fp32), fp32)
-    [greedy] = ray.get(run_in_vllm.remote(engine, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts, [0.0], max_tokens=24))
+    [greedy] = ray.get(
+        run_in_vllm.remote(
+            engine, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts, [0.0], max_tokens=24
+        )
+    )
     print(json.dumps(greedy.summary()))
     assert greedy.drafts > 0 and greedy.draft_tokens == greedy.drafts * (cfg.train.block_size - 1)
     assert len(greedy.accepted_per_position) == cfg.train.block_size - 1
     assert greedy.replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _all_sample_ids(cfg) -> list[str]:
-    return [sid for f in sorted(Path(cfg.data.output, "data").glob("*.parquet")) for sid in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()]
+    return [
+        sid
+        for f in sorted(Path(cfg.data.output, "data").glob("*.parquet"))
+        for sid in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()
+    ]
 
 
-def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_once(prepared: Path, service, tmp_path: Path) -> None:
+def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_once(
+    prepared: Path, service, tmp_path: Path
+) -> None:
     cfg = run_config(prepared, tmp_path, "train.epochs=2", "train.checkpoint_every=8", "train.max_failures=2")
     run = Storage(cfg.train.output, {})
 
@@ -116,7 +143,9 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     for epoch in range(cfg.train.epochs):
         segments = read_ledger(run, cfg.name, epoch)
         trained = Counter(sid for seg in segments for sid in seg["sample_ids"])
-        assert trained == expected, f"epoch {epoch}: missing {len(expected - trained)}, repeated {len(trained - expected)}"
+        assert trained == expected, (
+            f"epoch {epoch}: missing {len(expected - trained)}, repeated {len(trained - expected)}"
+        )
     epoch0 = sorted(read_ledger(run, cfg.name, 0), key=lambda s: s["packs"])
     packs = epoch0[-1]["packs"][1]
     assert 0 < killed["cursor"] < packs, "the kill must land mid-epoch"
@@ -124,14 +153,18 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
     assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
     # The killed trainer's prefetched states were handed to it as files; the restarted workers reclaimed them.
-    assert not list(Path("/dev/shm").glob(f"raypipe-states-*/owner-{killed['pid']}")), "states of the killed trainer were left behind"
+    assert not list(Path("/dev/shm").glob(f"raypipe-states-*/owner-{killed['pid']}")), (
+        "states of the killed trainer were left behind"
+    )
     curve = read_training_curve(run, cfg.name)
     logged = [s["step"] for s in curve]
     # Steps after the checkpoint were replayed, not skipped or doubled: every step is in exactly one logged interval.
     assert logged == sorted(set(logged)) and sum(s["steps"] for s in curve) == logged[-1]
 
 
-def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(prepared: Path, service, tmp_path: Path) -> None:
+def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
+    prepared: Path, service, tmp_path: Path
+) -> None:
     cfg = run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6")
     run = Storage(cfg.train.output, {})
     replica = service.stats.remote().result()["pid"]
@@ -144,17 +177,33 @@ def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(pr
 
     result, killed = train_while(cfg, kill_the_replica_mid_epoch)
     assert result.error is None and killed
-    assert service.stats.remote().result()["pid"] != replica  # Serve replaced it; the client resubmitted what was in flight
+    assert (
+        service.stats.remote().result()["pid"] != replica
+    )  # Serve replaced it; the client resubmitted what was in flight
     trained = Counter(sid for seg in read_ledger(run, cfg.name, 0) for sid in seg["sample_ids"])
     assert trained == Counter(_all_sample_ids(cfg)), "a sample was lost or repeated"
-    reclaim_orphans()  # what a replica does every minute: the dead replica's and the finished trainers' leftovers go
-    leftovers = [str(p) for p in Path("/dev/shm").glob("raypipe-states-*/**/*.safetensors")]
+    # What a replica does every minute, once this run's trainer processes have exited (Ray ends them after the run
+    # returns): the dead replica's files and whatever was handed to those trainers and never read are removed.
+    trainers = {seg["pid"] for seg in read_ledger(run, cfg.name, 0)}
+    deadline = time.monotonic() + 60
+    while any(_running(pid) for pid in trainers) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    reclaim_orphans()
+    leftovers = [str(p) for pid in trainers for p in Path("/dev/shm").glob(f"raypipe-states-*/owner-{pid}/*")]
     assert not leftovers and not list(Path("/dev/shm").glob(f"raypipe-states-{replica}-*")), leftovers
 
 
-def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(prepared: Path, service, s3_server, tmp_path: Path) -> None:
+def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
+    prepared: Path, service, s3_server, tmp_path: Path
+) -> None:
     options = json.dumps(s3_server)
-    common = ["train.output=s3://raypipe/runs/s3test", f"train.storage_options={options}", "train.cache=s3://raypipe/cache/s3test", "train.max_steps=6", "train.checkpoint_every=3"]
+    common = [
+        "train.output=s3://raypipe/runs/s3test",
+        f"train.storage_options={options}",
+        "train.cache=s3://raypipe/cache/s3test",
+        "train.max_steps=6",
+        "train.checkpoint_every=3",
+    ]
     cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
     assert train(cfg).error is None
     run = Storage(cfg.train.output, s3_server)
