@@ -8,7 +8,8 @@ The preparer is built first; then the kernel's RSS high-water mark is reset (`5`
 `ShardPreparer.prepare` runs on the one chunk: the figure is VmHWM after minus VmRSS before, so setup is not counted
 (freed heap is handed back with malloc_trim first, so the case cannot hide in memory the setup left resident).
 
-"before" is the code at commit 28289d4, checked out read-only beside the repository (it does not touch the working tree):
+"before" is the code at commit 28289d4, checked out read-only beside the repository (it does not touch the working
+tree):
     git worktree add /tmp/before_13 28289d4
     .venv/bin/python bench/row_memory.py --before /tmp/before_13
     git worktree remove /tmp/before_13
@@ -38,7 +39,8 @@ def write_case(case: str, path: Path) -> None:
         path.write_text(json.dumps({"messages": [{"role": "user", "content": text}]}) + "\n")
         return
     rng = random.Random(0)
-    words = lambda n: " ".join(f"{rng.getrandbits(24):06x}" for _ in range(n))  # noqa: E731 - ~1 token per character, like the issue's probe
+    # ~1 token per character, like the probe
+    words = lambda n: " ".join(f"{rng.getrandbits(24):06x}" for _ in range(n))  # noqa: E731
     messages = []
     for _ in range(60):
         messages += [{"role": "user", "content": words(715)}, {"role": "assistant", "content": words(715)}]
@@ -121,14 +123,16 @@ def main() -> None:
         return
     versions = ([("before", args.before)] if args.before else []) + [("after", ROOT)]
     print(
-        f"{'case':<11} {'code':<7} {'peak MiB':>9} {'seconds':>8} {'tokens tokenized':>17} {'kept':>5} {'rejected':>8} {'reject bytes':>13}  rejects by code"
+        f"{'case':<11} {'code':<7} {'peak MiB':>9} {'seconds':>8} {'tokens tokenized':>17} {'kept':>5} {'rejected':>8} "
+        f"{'reject bytes':>13}  rejects by code"
     )
     for case in CASES:
         for name, root in versions:
             r = run(case, root)
             assert r["code"] == str(root / "raypipe"), f"the {name} case ran {r['code']}, not {root}"
             print(
-                f"{case:<11} {name:<7} {r['peak_mib']:>9.1f} {r['seconds']:>8.2f} {r['tokens_tokenized']:>17,} {r['rows_kept']:>5} "
+                f"{case:<11} {name:<7} {r['peak_mib']:>9.1f} {r['seconds']:>8.2f} {r['tokens_tokenized']:>17,} "
+                f"{r['rows_kept']:>5} "
                 f"{r['rows_rejected']:>8} {r['reject_record_bytes']:>13,}  {r['rejects_by_code']}",
                 flush=True,
             )

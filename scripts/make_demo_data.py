@@ -1,4 +1,5 @@
-"""Write the demo recipe's bundled data: `python scripts/make_demo_data.py` (deterministic; a test checks the files match)."""
+"""Write the demo recipe's bundled data: `python scripts/make_demo_data.py` (deterministic; a test checks the files
+match)."""
 
 import json
 import sys

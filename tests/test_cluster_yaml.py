@@ -54,7 +54,8 @@ def test_node_types_fit_the_recipes(layout: str) -> None:
     ):
         assert cpu_only["min_workers"] == 0  # the data stage's nodes scale from zero
     for node in (t for t in types.values() if "GPU" in t["resources"]):
-        # Serve replicas and Train workers take GPUs by their own custom resource: together never more than the node has.
+        # Serve replicas and Train workers take GPUs by their own custom resource: together never more than the node
+        # has.
         assert node["resources"].get("serve_gpu", 0) + node["resources"].get("train_gpu", 0) == node["resources"]["GPU"]
     for recipe in ("qwen3_8b", "qwen36_27b"):
         cfg = load_config(recipe)

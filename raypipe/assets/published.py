@@ -35,7 +35,8 @@ def qwen3_8b() -> PretrainedConfig:
 
 
 def qwen36_27b() -> PretrainedConfig:
-    """Qwen/Qwen3.6-27B: `Qwen3_5ForConditionalGeneration`, a composite config; 64 text layers, 3 Gated DeltaNet to 1 gated attention."""
+    """Qwen/Qwen3.6-27B: `Qwen3_5ForConditionalGeneration`, a composite config; 64 text layers, 3 Gated DeltaNet to 1
+    gated attention."""
     from transformers import Qwen3_5Config
 
     return Qwen3_5Config(

@@ -28,7 +28,7 @@ VOCAB_VERSION = "1"
 NUM_BPE_RANKS = 151_643
 
 # Qwen2's pre-tokenizer: like GPT-4's, but digits are split one by one.
-QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 
 # Qwen3's added tokens in id order from 151643, with Qwen3's `special` flag.
 QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (

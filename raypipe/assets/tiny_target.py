@@ -55,7 +55,8 @@ def tiny_target_config() -> Qwen3Config:
 
 
 def tiny_qwen36_config() -> PretrainedConfig:
-    """Qwen3.6-27B's composite config and layer pattern at toy width (rope and token ids as in Qwen3.6, ids of Qwen3's vocabulary)."""
+    """Qwen3.6-27B's composite config and layer pattern at toy width (rope and token ids as in Qwen3.6, ids of Qwen3's
+    vocabulary)."""
     from transformers import Qwen3_5Config
 
     return Qwen3_5Config(

@@ -64,7 +64,8 @@ def compare_states(
 
 
 class Canary:
-    """The canary of one replica: its transformers reference is computed once, on first use, in bf16, and runs are serialized.
+    """The canary of one replica: its transformers reference is computed once, on first use, in bf16, and runs are
+    serialized.
 
     The reference is a full copy of the target (fp32 would be twice the
     serving weights, on every call); only its states on the canary prompts are

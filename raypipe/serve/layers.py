@@ -29,7 +29,8 @@ def check_layer_ids(layer_ids: tuple[int, ...], num_layers: int) -> None:
         raise ValueError(f"serve.layer_ids must be distinct and ascending, got {list(layer_ids)}")
     if layer_ids[0] < 0 or layer_ids[-1] > num_layers:
         raise ValueError(
-            f"serve.layer_ids must lie in [0, {num_layers}] for a target with {num_layers} layers, got {list(layer_ids)}"
+            f"serve.layer_ids must lie in [0, {num_layers}] for a target with {num_layers} layers, got "
+            f"{list(layer_ids)}"
         )
 
 

@@ -36,7 +36,8 @@ GRACE_S = 10.0  # SIGTERM first: vLLM's engine core shuts down cleanly on it; SI
 
 
 def registry(root: str | None = None) -> Path:
-    """This node's registry directory for this user (shared memory where there is one): only they can end their processes."""
+    """This node's registry directory for this user (shared memory where there is one): only they can end their
+    processes."""
     return Path(root or memory_dir() or tempfile.gettempdir()) / f"{REGISTRY}-{os.getuid()}"
 
 
@@ -124,7 +125,8 @@ class EngineProcesses:
         return [p["pid"] for p in self.processes]
 
     def reap(self, grace_s: float = GRACE_S) -> list[int]:
-        """End this engine's processes (after the engine's own shutdown: whatever it left) and drop them from the record."""
+        """End this engine's processes (after the engine's own shutdown: whatever it left) and drop them from the
+        record."""
         ended = end_processes(self.processes, grace_s)
         doc = _read(self.path)
         if doc is not None:

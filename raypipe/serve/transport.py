@@ -62,7 +62,8 @@ class StateFile:
     dtype: str  # safetensors' name: BF16, F16, F32
 
     def copy_into(self, out: torch.Tensor, remove: bool = True) -> None:
-        """Copy the states into `out` (a slice of the pinned buffer) in one pass, then remove the file (unless a later copy needs it)."""
+        """Copy the states into `out` (a slice of the pinned buffer) in one pass, then remove the file (unless a later
+        copy needs it)."""
         count = int(np.prod(self.shape))
         with open(self.path, "rb") as f, mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as mapped:
             with warnings.catch_warnings():  # read-only memory: only ever copied from
@@ -169,7 +170,8 @@ def states_dtype(source: StateFile | np.ndarray | torch.Tensor) -> torch.dtype:
 
 
 def as_tensor(source: StateFile | np.ndarray | torch.Tensor, keep_file: bool = False) -> torch.Tensor:
-    """A sequence's states as a tensor of their own (tests, the canary, the cache); training copies straight into its buffer instead."""
+    """A sequence's states as a tensor of their own (tests, the canary, the cache); training copies straight into its
+    buffer instead."""
     if isinstance(source, torch.Tensor):
         return source
     if isinstance(source, np.ndarray):

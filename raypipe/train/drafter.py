@@ -44,7 +44,8 @@ def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) ->
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
     raise ValueError(
-        f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use as mask"
+        f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use "
+        "as mask"
     )
 
 
@@ -52,7 +53,8 @@ def aux_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     """The drafter's auxiliary layers: the served ids but the last, which must be the target's last layer."""
     if layer_ids[-1] != num_layers or len(layer_ids) < 2:
         raise ValueError(
-            f"serve.layer_ids must end with the target's last layer ({num_layers}) after at least one auxiliary layer, got {layer_ids}"
+            f"serve.layer_ids must end with the target's last layer ({num_layers}) after at least one auxiliary layer, "
+            f"got {layer_ids}"
         )
     return list(layer_ids[:-1])
 
@@ -75,7 +77,8 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
     layer_config.rope_parameters = {
         k: v for k, v in (layer_config.rope_parameters or {}).items() if not k.startswith("mrope")
     }
-    kwargs = DFlashDraftModel._build_base_config_kwargs(  # noqa: SLF001 - what from_training_args does, minus reading weights
+    # What from_training_args does, minus reading weights.
+    kwargs = DFlashDraftModel._build_base_config_kwargs(  # noqa: SLF001
         "dflash",
         layer_config,
         verifier_name_or_path=target.path,
@@ -104,7 +107,8 @@ def build_drafter(target: Target, cfg: TrainConfig) -> Any:
 
 
 def drafter_on_meta(target: Target, cfg: TrainConfig) -> Any:
-    """The drafter's modules on the meta device: shapes and parameter counts at any size, no weights read or allocated."""
+    """The drafter's modules on the meta device: shapes and parameter counts at any size, no weights read or
+    allocated."""
     from speculators.models.dflash import DFlashDraftModel
 
     config = drafter_config(target, cfg)

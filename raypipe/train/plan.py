@@ -37,7 +37,8 @@ def pack_rows(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.nd
         n = int(lengths[row])
         if n > budget:
             raise ValueError(
-                f"row {row} has {n} tokens, more than train.step_tokens={budget}; raise train.step_tokens or lower data.max_length"
+                f"row {row} has {n} tokens, more than train.step_tokens={budget}; raise train.step_tokens or lower "
+                "data.max_length"
             )
         if used + n > budget:
             packs.append(order[start:i])
@@ -58,7 +59,8 @@ class EpochPlan:
         return math.ceil(max(len(self.packs) - cursor, 0) / world)
 
     def pack_index(self, cursor: int, step: int, rank: int, world: int) -> int | None:
-        """The pack rank trains at `step` steps after `cursor`; None when the epoch ran out (the rank idles that step)."""
+        """The pack rank trains at `step` steps after `cursor`; None when the epoch ran out (the rank idles that
+        step)."""
         index = cursor + step * world + rank
         return index if index < len(self.packs) else None
 
@@ -70,7 +72,8 @@ def plan_epoch(
 
 
 def lr_factor(step: int, total_steps: int, warmup_ratio: float) -> float:
-    """Linear warm-up to 1, then cosine decay to 0 at `total_steps` (a function of the step alone, so resume is exact)."""
+    """Linear warm-up to 1, then cosine decay to 0 at `total_steps` (a function of the step alone, so resume is
+    exact)."""
     warmup = max(1, round(total_steps * warmup_ratio))
     if step < warmup:
         return (step + 1) / warmup

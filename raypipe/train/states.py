@@ -37,7 +37,8 @@ class StateCache:
             found = storage.read_json("meta.json")
             if found != meta:
                 raise ValueError(
-                    f"train.cache {storage.url} holds states of {found}, not {meta}; point train.cache at a new directory"
+                    f"train.cache {storage.url} holds states of {found}, not {meta}; point train.cache at a new "
+                    "directory"
                 )
         else:
             storage.write_json("meta.json", meta)
@@ -78,7 +79,8 @@ def stream_states(
             hits = [cache.get(ids) for ids in seqs]
             if any(hit is None for hit in hits):
                 raise ValueError(
-                    f"train.cache {cache.storage.url} lacks the states of {sum(h is None for h in hits)} sequences of a step; "
+                    f"train.cache {cache.storage.url} lacks the states of {sum(h is None for h in hits)} sequences of "
+                    "a step; "
                     "fill it with a hybrid run (train.hidden_states=hybrid train.store_misses=true) or train online"
                 )
             yield hits

@@ -63,7 +63,8 @@ def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: fl
 
 
 def any_rank(flag: torch.Tensor) -> torch.Tensor:
-    """`flag` (0 or 1, in place) set on every rank of the process group if set on any: every rank takes the same branch."""
+    """`flag` (0 or 1, in place) set on every rank of the process group if set on any: every rank takes the same
+    branch."""
     if dist.is_initialized():
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag
@@ -81,7 +82,8 @@ def train_step(
     autocast: AbstractContextManager[Any],
 ) -> dict[str, torch.Tensor]:
     """One optimizer step on one packed sequence; returns the drafter's metrics and `NONFINITE` (1.0 when the step was
-    skipped), all device tensors, none read here. The schedule advances either way: it follows the data, not the updates."""
+    skipped), all device tensors, none read here. The schedule advances either way: it follows the data, not the
+    updates."""
     assert optimizer.defaults.get("fused"), (
         "train_step skips non-finite steps through fused AdamW's found_inf: build the optimizer with make_optimizer"
     )

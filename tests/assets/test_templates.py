@@ -207,7 +207,8 @@ def test_strict_earlier_tool_step_without_reasoning_has_no_think(qwen_tokenizer:
 def test_strict_accepts_null_content_with_tool_calls(qwen_tokenizer: PreTrainedTokenizerFast) -> None:
     messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": None, "tool_calls": [call("a")]}]
     assert strict(qwen_tokenizer, messages).endswith(
-        '<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><|im_end|>\n'
+        '<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n{"name": "a", "arguments": {}}\n'
+        "</tool_call><|im_end|>\n"
     )
 
 

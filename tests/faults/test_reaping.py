@@ -1,4 +1,5 @@
-"""The vLLM engine processes raypipe starts are ended by their pids: on a clean shutdown, and after their owner is killed hard.
+"""The vLLM engine processes raypipe starts are ended by their pids: on a clean shutdown, and after their owner is
+killed hard.
 
 The first tests drive raypipe.serve.reaper with real processes (an owner that
 starts children, killed with SIGKILL); the last one runs the hidden-state
@@ -129,7 +130,8 @@ VLLM_OWNER = textwrap.dedent(
 @pytest.mark.integration
 def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next_engine_start(tiny_target: str) -> None:
     """What a replica leaves when nothing in Ray ends its process group (`ray stop --force`, a raylet that died):
-    the real vLLM CPU engine core keeps running after its owner's SIGKILL, and the next engine start on the node ends it."""
+    the real vLLM CPU engine core keeps running after its owner's SIGKILL, and the next engine start on the node ends
+    it."""
     root = Path(__file__).resolve().parents[2]
     owner = subprocess.Popen(
         [sys.executable, "-c", VLLM_OWNER, tiny_target],

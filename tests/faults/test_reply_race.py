@@ -1,4 +1,5 @@
-"""The reply pass with engines of different speeds, forced by a deterministic delay, and with an engine stuck on a shard.
+"""The reply pass with engines of different speeds, forced by a deterministic delay, and with an engine stuck on a
+shard.
 
 The real run_replies drives real vLLM CPU engines (ReplyWriter) on the tiny
 target; the test swaps in a subclass whose `write` first waits, for one shard,
@@ -33,7 +34,8 @@ def prepared_shards(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def delayed_writer(slow_shard: int, log: str, hang: bool) -> type:
-    """ReplyWriter, but `slow_shard` waits until every other shard's replies are stored (`hang`: forever). Each call is logged."""
+    """ReplyWriter, but `slow_shard` waits until every other shard's replies are stored (`hang`: forever). Each call is
+    logged."""
 
     class DelayedWriter(ReplyWriter):
         def write(self, shard: int) -> tuple[int, int, int, float]:

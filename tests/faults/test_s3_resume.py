@@ -50,7 +50,8 @@ def test_a_resumed_prepare_on_s3_redoes_the_lost_shard_and_writes_the_right_mani
     first = run_prepare(cfg)
     assert len(first["shards"]) >= 4 and first["counts"]["rows_kept"] == len(rows)
 
-    # This process lists the whole output (its instance now caches every folder with every file), then a run elsewhere is
+    # This process lists the whole output (its instance now caches every folder with every file), then a run elsewhere
+    # is
     # killed: one shard's completion mark and the manifest are gone, deleted by another process's client.
     assert f"{PREFIX}/prepared/stats/part-000002.json" in fs.find(f"{PREFIX}/prepared")
     other = fsspec.filesystem("s3", skip_instance_cache=True, **s3_server)

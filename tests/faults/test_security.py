@@ -65,7 +65,8 @@ def test_the_clusters_ray_start_settings_refuse_jobs_without_the_token(tmp_path:
             if c.status == psutil.CONN_LISTEN and c.laddr.port == cluster.dashboard_port
         }
         assert listening == {"127.0.0.1"}
-        driver = "import ray; ray.init(); print('driver', ray.is_initialized())"  # the job's driver reaches the GCS with the token too
+        # the job's driver reaches the GCS with the token too
+        driver = "import ray; ray.init(); print('driver', ray.is_initialized())"
         submit = [
             str(Path(sys.executable).parent / "ray"),
             "job",

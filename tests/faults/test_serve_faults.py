@@ -1,4 +1,5 @@
-"""The service under cancellation: the real vLLM CPU engine on the tiny target in a Serve replica, several clients at once.
+"""The service under cancellation: the real vLLM CPU engine on the tiny target in a Serve replica, several clients at
+once.
 
 A request cancelled while it waits or while the engine computes it must not
 hurt any other request nor leave a state file behind (in the replica's
@@ -55,7 +56,8 @@ def _check_states(batch: list[list[int]], states: list[Any]) -> None:
 
 
 def _outcome(batch: list[list[int]], response: Any, cancelled: bool) -> str:
-    """served; cancelled (raised as such, for a cancelled request only); finished (cancelled too late, its states intact)."""
+    """served; cancelled (raised as such, for a cancelled request only); finished (cancelled too late, its states
+    intact)."""
     try:
         states = response.result(timeout_s=RESULT_TIMEOUT_S)
     except (RequestCancelledError, TaskCancelledError):
@@ -66,7 +68,8 @@ def _outcome(batch: list[list[int]], response: Any, cancelled: bool) -> str:
 
 
 def _leftovers(directory: Path, owner: bool = True) -> list[str]:
-    """State files or locks still in the replica's directory, and (`owner`) anything handed over to this process and not read."""
+    """State files or locks still in the replica's directory, and (`owner`) anything handed over to this process and not
+    read."""
     return sorted(
         str(p)
         for p in directory.rglob("*")
@@ -112,7 +115,8 @@ def test_cancelled_requests_hurt_no_other_request_and_leave_no_file(service: Any
 
 
 def test_soak_several_clients_cancelling_at_random_no_request_hangs_and_the_replica_stays_healthy(service: Any) -> None:
-    """4 clients, 24 requests each (96 in all, 1-3 sequences of 8-200 tokens), about a quarter cancelled at a random moment."""
+    """4 clients, 24 requests each (96 in all, 1-3 sequences of 8-200 tokens), about a quarter cancelled at a random
+    moment."""
     clients, per_client = 4, 24
     before = service.stats.remote().result(timeout_s=RESULT_TIMEOUT_S)["requests"]
     outcomes: dict[str, int] = {"served": 0, "cancelled": 0, "finished": 0}
@@ -155,7 +159,8 @@ def test_soak_several_clients_cancelling_at_random_no_request_hangs_and_the_repl
     assert outcomes["cancelled"] > 0 and outcomes["served"] > 0.5 * clients * per_client
     stats, left = _settled(service, owner=False)
     assert stats["in_flight"] == 0 and not left, left
-    # Known gap: a cancel that reaches Serve after the replica handed the files over loses the response, and its files stay
+    # Known gap: a cancel that reaches Serve after the replica handed the files over loses the response, and its files
+    # stay
     # in this process's owner directory until the process ends (reclaim_orphans). At most one per cancelled request.
     owned = _leftovers(Path(stats["directory"]))
     assert len(owned) <= 3 * outcomes["cancelled"], owned  # up to 3 sequences per request

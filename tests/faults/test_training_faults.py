@@ -1,4 +1,5 @@
-"""NaN and Inf in a training step, a non-finite model at a checkpoint, safe loads, atomic export, the best checkpoint kept.
+"""NaN and Inf in a training step, a non-finite model at a checkpoint, safe loads, atomic export, the best checkpoint
+kept.
 
 A real DFlash drafter on the tiny target takes real steps on packed batches;
 the fault is in the data (a NaN or Inf in one row's hidden states), as it
@@ -36,7 +37,8 @@ TOKENS = 64
 
 
 class Drafter:
-    """A drafter on the tiny target with its optimizer and schedule, placed as the loop places it (DDP or FSDP2, gloo)."""
+    """A drafter on the tiny target with its optimizer and schedule, placed as the loop places it (DDP or FSDP2,
+    gloo)."""
 
     def __init__(self, tiny_target: str, strategy: str = "ddp", lr: float = 1e-2) -> None:
         self.target = resolve_target(serve_config(tiny_target))
@@ -269,7 +271,8 @@ def _rank(rank: int, world: int, port: int, tiny_target: str, out: str) -> None:
     report: dict[str, Any] = {}
     for strategy in ("ddp", "fsdp2"):
         d = Drafter(tiny_target, strategy)
-        local = lambda: [p.to_local() if hasattr(p, "to_local") else p for p in d.weights()]  # noqa: E731 - this rank's shard under FSDP2
+        # this rank's shard under FSDP2
+        local = lambda d=d: [p.to_local() if hasattr(p, "to_local") else p for p in d.weights()]  # noqa: E731
         flags = [d.step(10 + rank)[NONFINITE].item()]
         before = local()
         flags.append(d.step(20 + rank, math.nan if rank == 1 else None)[NONFINITE].item())
@@ -297,7 +300,8 @@ def test_every_rank_skips_the_step_only_one_rank_saw_nan(tiny_target: str, tmp_p
 
 
 def _report_scored_checkpoints(config: dict[str, Any]) -> None:
-    """Checkpoints shaped as the loop writes them (config and provenance, which resume and export check), scored by `losses`."""
+    """Checkpoints shaped as the loop writes them (config and provenance, which resume and export check), scored by
+    `losses`."""
     import tempfile
 
     import ray.train
@@ -314,7 +318,8 @@ def _report_scored_checkpoints(config: dict[str, Any]) -> None:
 def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_the_best(
     ray_cluster: str, tmp_path: Path
 ) -> None:
-    """The launcher's real CheckpointConfig: one kept by score (lowest train_loss; NaN never best) plus the latest, always."""
+    """The launcher's real CheckpointConfig: one kept by score (lowest train_loss; NaN never best) plus the latest,
+    always."""
     import hashlib
 
     from ray.train import ScalingConfig

@@ -1,4 +1,5 @@
-"""The real vLLM CPU engine (asynchronous, continuous batching): states equal the transformers reference at every layer."""
+"""The real vLLM CPU engine (asynchronous, continuous batching): states equal the transformers reference at every
+layer."""
 
 import asyncio
 

@@ -32,7 +32,8 @@ def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
 
 
 def prepare_sample(root: Path, openai_rows: int, sharegpt_rows: int, *overrides: str) -> dict[str, Any]:
-    """The bundled sample's first rows of each format under `root/src`, prepared by the real data stage; returns the manifest."""
+    """The bundled sample's first rows of each format under `root/src`, prepared by the real data stage; returns the
+    manifest."""
     from raypipe.data.pipeline import run_prepare
 
     (root / "src").mkdir()

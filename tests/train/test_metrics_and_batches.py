@@ -1,4 +1,5 @@
-"""Metrics reduced on the training device once per interval; steps packed and moved to the device off the training thread."""
+"""Metrics reduced on the training device once per interval; steps packed and moved to the device off the training
+thread."""
 
 from __future__ import annotations
 
@@ -77,8 +78,10 @@ def one_rank_group() -> Any:
 
 
 def test_on_cuda_no_cpu_tensor_reaches_the_collective_and_steps_never_read_the_device(one_rank_group: Any) -> None:
-    """The training device is "cuda" (fake tensors, no GPU needed): the steps queue no host read, the reduction is one all-reduce of a CUDA tensor."""
-    # Under FakeTensorMode reading a device value on the host (.item(), float(), .tolist()) raises, so add() would fail if it synced.
+    """The training device is "cuda" (fake tensors, no GPU needed): the steps queue no host read, the reduction is one
+    all-reduce of a CUDA tensor."""
+    # Under FakeTensorMode reading a device value on the host (.item(), float(), .tolist()) raises, so add() would fail
+    # if it synced.
     with FakeTensorMode(), CollectiveDevices() as watch:
         metrics = StepMetrics(torch.device("cuda"))
         for step in range(5):
