@@ -28,11 +28,11 @@ os.environ["RAYON_NUM_THREADS"] = "1"  # the baseline tokenizes on one core, lik
 import ray  # noqa: E402
 
 from raypipe.config import load_config  # noqa: E402
-from raypipe.data.corpus import CorpusSpec, write_corpus  # noqa: E402
 from raypipe.data.formats import Reject, normalize  # noqa: E402
 from raypipe.data.pipeline import run_prepare  # noqa: E402
 from raypipe.data.prepare import ShardPreparer  # noqa: E402
 from raypipe.data.sources import plan_chunks, read_chunk  # noqa: E402
+from raypipe.tools.corpus import CorpusSpec, write_corpus  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 

@@ -51,7 +51,8 @@ IMPORTED_NOT_USED = ("datasets", "openai", "hs_connectors")
 
 
 def use_carried_wheels() -> list[str]:
-    """Make raypipe and .gpu_carry importable (after the machine's own packages); placeholders for IMPORTED_NOT_USED if absent."""
+    """Make raypipe and .gpu_carry importable (after the machine's own packages); placeholders for IMPORTED_NOT_USED
+    if absent."""
     sys.path.insert(0, str(ROOT))
     carry = ROOT / ".gpu_carry"
     if carry.is_dir():
@@ -86,7 +87,7 @@ def _unavailable(*_: Any, **__: Any) -> None:
 
 def model_flops(d: dict[str, int]) -> float:
     """The formula of the module docstring."""
-    T, D, H, L, q, kv, I, V, a, B = (d[k] for k in ("T", "D", "H", "L", "q", "kv", "I", "V", "a", "B"))
+    T, D, H, L, q, kv, I, V, a, B = (d[k] for k in ("T", "D", "H", "L", "q", "kv", "I", "V", "a", "B"))  # noqa: E741
     layers = 3 * L * (4 * D * H * q + 4 * (D + T) * H * kv + 6 * D * H * I + 4 * D * (T / 2 + B) * q)
     return 4 * T * a * H * H + layers + 6 * D * H * V
 
@@ -109,7 +110,8 @@ def copy_rate(device: Any, nbytes: int, pinned: bool, reps: int = 10) -> float:
 
 
 def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
-    """GB/s of the same-node path's one host copy: a states file in /dev/shm into a pinned buffer (raypipe.serve.transport)."""
+    """GB/s of the same-node path's one host copy: a states file in /dev/shm into a pinned buffer
+    (raypipe.serve.transport)."""
     import os
     import shutil
 
@@ -185,7 +187,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     logged: list[dict[str, float]] = []
     start = compile_s = 0.0
     t0 = time.perf_counter()
-    for i, (step, batch) in enumerate(DeviceFeeder(steps(), device, dtype)):
+    for i, (_step, batch) in enumerate(DeviceFeeder(steps(), device, dtype)):
         if i == args.warmup:
             sync()
             start = time.perf_counter()
@@ -265,8 +267,7 @@ def main() -> None:
 
     from raypipe.assets.published import write_config_dir
     from raypipe.assets.tiny_target import tiny_target_config
-    from raypipe.serve.layers import default_layer_ids
-    from raypipe.target import Target, load_shape
+    from raypipe.target import load_target
 
     device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
@@ -279,8 +280,8 @@ def main() -> None:
             tiny_target_config().save_pretrained(tmp)
         else:
             write_config_dir("Qwen/Qwen3-8B", Path(tmp))
-        shape = load_shape(tmp)
-        target = Target("Qwen/Qwen3-8B" if not args.tiny else "tiny", tmp, shape, default_layer_ids(shape.num_layers))
+        target = load_target("Qwen/Qwen3-8B" if not args.tiny else "tiny", tmp)
+        shape = target.shape
         report: dict[str, Any] = {
             "torch": torch.__version__,
             "device": str(device),

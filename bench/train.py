@@ -52,21 +52,18 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     """The same work as one Ray Train worker, in this process, without Ray."""
     import torch
 
-    from raypipe.data.output import PreparedOutput
     from raypipe.storage import Storage
     from raypipe.target import resolve_target
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
     from raypipe.train.plan import lr_factor, plan_epoch
-    from raypipe.train.rows import PreparedRows
+    from raypipe.train.replies import open_rows
     from raypipe.train.states import StateCache, stream_states
     from raypipe.train.step import make_optimizer, precision, train_step
 
     tc = cfg.train
     target = resolve_target(cfg.serve)
-    rows = PreparedRows(
-        PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length
-    )
+    rows = open_rows(cfg)
     rows.load_replies()
     plan = plan_epoch(
         rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
@@ -83,7 +80,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     out = []
     tick = time.perf_counter()
     for step, (pack, states) in enumerate(
-        zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache)), 1
+        zip(packs, stream_states(([r.input_ids for r in p] for p in packs), "offline", None, cache), strict=True), 1
     ):
         waited = time.perf_counter() - tick
         batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
@@ -102,16 +99,12 @@ def plain_loop(cfg, steps: int) -> list[dict]:
 
 def extraction_alone(cfg, handle, steps: int) -> float:
     """Seconds per pack when the service only extracts (4 requests in flight, as the trainer asks)."""
-    from raypipe.data.output import PreparedOutput
     from raypipe.serve.client import HiddenStateClient
-    from raypipe.storage import Storage
     from raypipe.train.plan import plan_epoch
-    from raypipe.train.rows import PreparedRows
+    from raypipe.train.replies import open_rows
 
     tc = cfg.train
-    rows = PreparedRows(
-        PreparedOutput(cfg.data.output, {}), Storage(tc.output, {}).child("replies"), cfg.data.max_length
-    )
+    rows = open_rows(cfg)
     rows.load_replies()
     plan = plan_epoch(
         rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
@@ -148,10 +141,10 @@ def main() -> None:
 
     from raypipe.config import load_config
     from raypipe.data.pipeline import run_prepare
+    from raypipe.layout import RunFolders
     from raypipe.serve.deployment import APP_NAME, build_app
-    from raypipe.storage import Storage
     from raypipe.train.launcher import latest_checkpoint, run_training
-    from raypipe.train.ledger import read_ledger
+    from raypipe.train.ledger import read_training_curve
     from raypipe.train.replies import run_replies
 
     shutil.rmtree(OUT, ignore_errors=True)
@@ -193,7 +186,6 @@ def main() -> None:
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING", runtime_env=runtime_env)
     run_prepare(config("fill", "hybrid").data)
     handle = serve.run(build_app(config("fill", "hybrid").serve), name=APP_NAME, route_prefix=None)
-    run = Storage(str(OUT / "run"), {})
 
     def ray_train(name: str, mode: str) -> tuple[list[dict], float, int]:
         cfg = config(name, mode)
@@ -201,7 +193,7 @@ def main() -> None:
         run_replies(cfg)
         assert run_training(cfg).error is None
         wall = time.perf_counter() - start
-        steps = sorted((s for seg in read_ledger(run, name, 0) for s in seg["steps"]), key=lambda s: s["step"])
+        steps = read_training_curve(RunFolders.of(cfg).ledger)
         threads = latest_checkpoint(cfg).read_json("provenance.json")["torch_threads"]
         return steps, wall, threads
 

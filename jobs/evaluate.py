@@ -1,6 +1,7 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/evaluate.py --recipe demo [key=value ...]`.
 
 Measures the exported drafter's acceptance in vLLM and writes eval.json and plots.
+`--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/pipeline.py --recipe demo [key=value ...]`.
 
 Prepare -> hidden-state service -> train -> export -> evaluate; a re-submitted job skips finished stages.
+`--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 
 import sys

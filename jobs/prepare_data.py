@@ -1,4 +1,7 @@
-"""Job entrypoint: `ray job submit --working-dir . -- python jobs/prepare_data.py --recipe debug_cpu [key=value ...]`."""
+"""Job entrypoint: `ray job submit --working-dir . -- python jobs/prepare_data.py --recipe debug_cpu [key=value ...]`.
+
+`--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
+"""
 
 import sys
 from pathlib import Path

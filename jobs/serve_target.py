@@ -1,6 +1,7 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/serve_target.py --recipe qwen3_8b [key=value ...]`.
 
 Runs the hidden-state service until the job is stopped.
+`--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 
 import sys

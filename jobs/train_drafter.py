@@ -1,6 +1,7 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/train_drafter.py --recipe qwen3_8b [key=value ...]`.
 
 Trains the drafter (attaching to or starting the hidden-state service), then exports it.
+`--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 
 import sys

@@ -6,17 +6,29 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 OVERRIDES_HELP = "key=value overrides of the recipe, e.g. data.output=/tmp/out data.max_length=4096"
 
 
-def _connect_ray() -> None:
-    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one."""
+def _connect_ray(args: argparse.Namespace) -> None:
+    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one; the job's workers get the
+    verbosity (raypipe.progress) in their environment."""
     import ray
 
+    from raypipe.progress import job_env
+
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")  # the dashboard's Train view shows the runs
+    env = job_env(args.verbose)
+    os.environ.update(env)  # read here too
     if not ray.is_initialized():
-        ray.init(logging_level="WARNING")
+        ray.init(logging_level="INFO" if args.verbose else "WARNING", runtime_env={"env_vars": env})
+
+
+def _details(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """A command's whole result document, with --verbose."""
+    if args.verbose:
+        print(json.dumps(doc, indent=1))
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -24,13 +36,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from raypipe.data.pipeline import run_prepare
 
     cfg = load_config(args.recipe, args.overrides)
-    _connect_ray()
-    manifest = run_prepare(cfg.data)
-    print(
-        json.dumps(
-            {"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]}, indent=1
-        )
-    )
+    _connect_ray(args)
+    manifest = run_prepare(cfg.data)  # prints its summary line
+    _details(args, {"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]})
     return 0
 
 
@@ -39,9 +47,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from raypipe.serve.deployment import run_service
 
     cfg = load_config(args.recipe, args.overrides)
-    _connect_ray()
+    _connect_ray(args)
     print(
-        f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states (health, stats, canary)",
+        f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states "
+        "(health, stats, canary)",
         flush=True,
     )
     run_service(cfg.serve, blocking=True)
@@ -56,7 +65,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from raypipe.train.replies import run_replies
 
     cfg = load_config(args.recipe, args.overrides)
-    _connect_ray()
+    _connect_ray(args)
     run_replies(cfg)  # before the service: the reply engines take the Serve GPUs
     if cfg.train.hidden_states != "offline":
         print("[train] attaching to (or starting) the hidden-state service", flush=True)
@@ -65,13 +74,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
     doc = export_drafter(cfg)
-    print(
-        json.dumps(
-            {"metrics": result.metrics, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]},
-            indent=1,
-        )
-    )
+    m = result.metrics
+    print(f"[train] done: step {m['step']}, loss {m['loss']:.4f}, τ~{m['tau_estimate']:.2f} (the last interval)")
+    _print_export(doc)
+    _details(args, {"metrics": m, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]})
     return 0
+
+
+def _print_export(doc: dict[str, Any]) -> None:
+    print(f"[export] drafter:  {doc['speculative_config']['model']}")
+    print(f"[export] serve it: {doc['vllm_command']}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -79,7 +91,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from raypipe.train.export import export_drafter
 
     cfg = load_config(args.recipe, args.overrides)
-    print(json.dumps(export_drafter(cfg, args.output), indent=1))
+    doc = export_drafter(cfg, args.output)
+    _print_export(doc)
+    _details(args, doc)
     return 0
 
 
@@ -88,15 +102,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from raypipe.eval.evaluate import run_evaluation
 
     cfg = load_config(args.recipe, args.overrides)
-    _connect_ray()
+    _connect_ray(args)
     doc = run_evaluation(cfg)
     for g in doc["vllm"]:
         print(
-            f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
+            f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, "
+            f"acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
             f"{g['tokens_per_s']:.0f} tokens/s ({g['speedup']:.2f}x without the drafter)"
         )
     print(
-        f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; offline replay τ {doc['offline_replay']['tau']:.2f}; "
+        f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; "
+        f"offline replay τ {doc['offline_replay']['tau']:.2f}; "
         f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}"
     )
     print(f"[eval] report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
@@ -108,7 +124,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     from raypipe.pipeline import run_pipeline
 
     cfg = load_config(args.recipe, args.overrides)
-    _connect_ray()
+    _connect_ray(args)
     done = run_pipeline(cfg)
     ev, tr = done["eval"], done["train"]
     where = (
@@ -128,14 +144,22 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
-    from raypipe.data.corpus import CorpusSpec, write_corpus
+    from raypipe.tools.corpus import CorpusSpec, write_corpus
 
     counts = write_corpus(args.output, CorpusSpec(num_samples=args.samples, seed=args.seed))
     print(json.dumps(counts, indent=1))
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from raypipe.doctor import run_doctor
+
+    return run_doctor(args.recipe, args.overrides)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from raypipe.progress import verbose
+
     parser = argparse.ArgumentParser(prog="raypipe", description="Train DFlash drafters for chat models on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -164,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument(
                 "--output", default=None, help="Export directory or URL; default: {train.output}/drafter."
             )
+        command.add_argument(
+            "--verbose",
+            action="store_true",
+            default=verbose(),
+            help="Also print Ray's, Ray Train's and vLLM's own logs, and full result documents (or RAYPIPE_VERBOSE=1).",
+        )
         command.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
         command.set_defaults(func=func)
 
@@ -174,6 +204,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     corpus.add_argument("--seed", type=int, default=0)
     corpus.set_defaults(func=cmd_corpus)
+
+    doctor = sub.add_parser(
+        "doctor", help="Check what a run of the recipe needs on this machine: a pass/fail table, each failure's fix."
+    )
+    doctor.add_argument("--recipe", default="demo", help="Recipe name or YAML file (default: demo).")
+    doctor.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

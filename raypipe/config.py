@@ -83,11 +83,13 @@ class DataConfig(_Strict):
         default_factory=dict, description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3."
     )
     tokenizer: str = Field(
-        description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / Hugging Face id."
+        description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / "
+        "Hugging Face id."
     )
     chat_template: str | None = Field(
         default=None,
-        description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the tokenizer's own.",
+        description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the "
+        "tokenizer's own.",
     )
     enable_thinking: bool = Field(
         default=False,
@@ -95,7 +97,8 @@ class DataConfig(_Strict):
     )
     end_of_turn: str | None = Field(
         default=None,
-        description="The special token that ends an assistant turn (supervised, and where replies stop); default: probed from the template, never the tokenizer's eos.",
+        description="The special token that ends an assistant turn (supervised, and where replies stop); default: "
+        "probed from the template, never the tokenizer's eos.",
     )
     placeholder_reply: str = Field(
         default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on."
@@ -110,7 +113,8 @@ class DataConfig(_Strict):
     chunk_bytes: int = Field(
         default=16 << 20,
         gt=0,
-        description="Input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one shard).",
+        description="Input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one "
+        "shard).",
     )
     batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
     num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
@@ -138,11 +142,13 @@ class ServeConfig(_Strict):
         default="vllm", description="vLLM (production) or transformers (reference)."
     )
     model: str = Field(
-        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured chat), both built locally, or a path / Hugging Face id."
+        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured "
+        "chat), both built locally, or a path / Hugging Face id."
     )
     layer_ids: list[int] | None = Field(
         default=None,
-        description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux layers and the last.",
+        description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux "
+        "layers and the last.",
     )
     dtype: str = Field(default="auto", description="Engine dtype (auto, bfloat16, float32).")
     max_model_len: int = Field(default=4096, gt=0, description="Longest sequence a request may carry.")
@@ -157,7 +163,8 @@ class ServeConfig(_Strict):
     kv_cache_gib: float | None = Field(
         default=None,
         gt=0,
-        description="vLLM's KV cache per engine in GiB, instead of gpu_memory_utilization. Required on CPU (num_gpus: 0), where a "
+        description="vLLM's KV cache per engine in GiB, instead of gpu_memory_utilization. Required on CPU (num_gpus: "
+        "0), where a "
         "utilization is a share of one NUMA node's memory, minus the engine's own RSS.",
     )
     enforce_eager: bool = Field(default=False, description="Disable CUDA graphs (required on CPU).")
@@ -165,14 +172,16 @@ class ServeConfig(_Strict):
     num_cpus: float = Field(default=1.0, gt=0, description="CPUs per replica.")
     resource: str | None = Field(
         default="serve_gpu",
-        description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): it places them on the Serve node type, apart from Train GPUs.",
+        description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): "
+        "it places them on the Serve node type, apart from Train GPUs.",
     )
     min_replicas: int = Field(default=1, ge=0, description="Autoscaling lower bound.")
     max_replicas: int = Field(default=1, gt=0, description="Autoscaling upper bound.")
     target_ongoing_requests: float = Field(
         default=4,
         gt=0,
-        description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are added.",
+        description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are "
+        "added.",
     )
     upscale_delay_s: float = Field(
         default=30.0, ge=0, description="Backlog above target this long before a replica is added."
@@ -194,7 +203,8 @@ class ServeConfig(_Strict):
     def _kv_cache_on_cpu(self) -> ServeConfig:
         if self.engine == "vllm" and self.num_gpus == 0 and self.kv_cache_gib is None:
             raise ValueError(
-                "serve.kv_cache_gib: set the KV cache size in GiB for vLLM on CPU (num_gpus: 0), e.g. serve.kv_cache_gib=1; "
+                "serve.kv_cache_gib: set the KV cache size in GiB for vLLM on CPU (num_gpus: 0), e.g. "
+                "serve.kv_cache_gib=1; "
                 "a gpu_memory_utilization there is a share of one NUMA node's memory and fails on small nodes"
             )
         return self
@@ -219,7 +229,8 @@ class TrainConfig(_Strict):
     )
     mask_token_id: int | None = Field(
         default=None,
-        description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the target's vocabulary.",
+        description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the "
+        "target's vocabulary.",
     )
     epochs: int = Field(default=6, gt=0, description="Passes over the prepared data.")
     max_steps: int | None = Field(
@@ -240,7 +251,8 @@ class TrainConfig(_Strict):
     max_nonfinite_steps: int = Field(
         default=8,
         gt=0,
-        description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops (checked at each log).",
+        description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops "
+        "(checked at each log).",
     )
     seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
     hidden_states: Literal["online", "offline", "hybrid"] = Field(
@@ -264,7 +276,8 @@ class TrainConfig(_Strict):
     reply_timeout_s: float = Field(
         default=3600.0,
         gt=0,
-        description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass fails naming it.",
+        description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass "
+        "fails naming it.",
     )
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
@@ -275,7 +288,8 @@ class TrainConfig(_Strict):
     )
     resource: str | None = Field(
         default="train_gpu",
-        description="Custom resource each worker takes one unit of: it places them on the Train node type, apart from Serve GPUs.",
+        description="Custom resource each worker takes one unit of: it places them on the Train node type, apart from "
+        "Serve GPUs.",
     )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         default="PACK", description="Placement group strategy of the workers."
@@ -290,7 +304,15 @@ class TrainConfig(_Strict):
     log_every: int = Field(
         default=10,
         gt=0,
-        description="Steps between metric reductions (one collective and one host sync each), progress lines and metric updates.",
+        description="Steps between metric reductions (one collective and one host sync each), progress lines and "
+        "metric updates.",
+    )
+    trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default=["tensorboard"],
+        description="Experiment trackers fed from rank 0 with the logged metrics and, once, the config (redacted): "
+        "tensorboard (event files in the run's tensorboard/{name}/), wandb and mlflow (`pip install "
+        "raypipe[trackers]`; set up by their WANDB_* and MLFLOW_* variables, offline modes included; see "
+        "raypipe/train/trackers.py).",
     )
     checkpoint_every: int = Field(
         default=500, gt=0, description="Steps between checkpoints (also at each epoch end and the end)."
@@ -298,18 +320,27 @@ class TrainConfig(_Strict):
     keep_checkpoints: int = Field(
         default=2,
         gt=0,
-        description="Checkpoints kept by score (lowest mean training loss of their interval; export takes the best), beside the latest, always kept.",
+        description="Checkpoints kept by score (lowest mean training loss of their interval; export takes the best), "
+        "beside the latest, always kept.",
     )
     max_failures: int = Field(
         default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails."
     )
+
+    @model_validator(mode="after")
+    def _trackers_can_start(self) -> TrainConfig:
+        from raypipe.train.trackers import check_trackers
+
+        check_trackers(self.trackers, self.output)
+        return self
 
 
 class EvalConfig(_Strict):
     """Stage 4: acceptance of the exported drafter measured in vLLM, beside the offline and training estimates."""
 
     prompts: str = Field(
-        description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn is dropped, the rest is the prompt."
+        description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn "
+        "is dropped, the rest is the prompt."
     )
     num_prompts: int = Field(default=100, gt=0, description="Prompts evaluated (the first ones of the file).")
     max_tokens: int = Field(default=256, gt=0, description="Longest generated reply.")
@@ -321,7 +352,8 @@ class EvalConfig(_Strict):
     threshold: float = Field(
         default=0.15,
         gt=0,
-        description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a disagreement.",
+        description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a "
+        "disagreement.",
     )
     output: str | None = Field(
         default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval."
@@ -350,11 +382,13 @@ class RaypipeConfig(_Strict):
     def _consistent(self) -> RaypipeConfig:
         if self.data.max_length > self.train.step_tokens:
             raise ValueError(
-                f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length ({self.data.max_length})"
+                f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length "
+                f"({self.data.max_length})"
             )
         if self.data.max_length > self.serve.max_model_len:
             raise ValueError(
-                f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length ({self.data.max_length})"
+                f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length "
+                f"({self.data.max_length})"
             )
         if self.train.hidden_states != "online" and not self.train.cache:
             raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")
@@ -370,7 +404,8 @@ def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
         if isinstance(node, list):
             if not key.isdigit() or int(key) >= len(node):
                 raise ValueError(
-                    f"override {dotted!r}: {'.'.join(keys[:i]) or 'root'} is a list of {len(node)}, {key!r} is not an index in it"
+                    f"override {dotted!r}: {'.'.join(keys[:i]) or 'root'} is a list of {len(node)}, {key!r} is not an "
+                    "index in it"
                 )
             key = int(key)
         elif not isinstance(node, dict):

@@ -3,8 +3,8 @@
 `python -m raypipe.dashboard > dashboards/raypipe_grafana_dashboard.json` writes
 it (a test checks the file is current); import it in Grafana next to the
 dashboards Ray writes under `/tmp/ray/session_latest/metrics/grafana/`. It uses
-the same `${datasource}` variable as Ray's. The README's metric table lists
-the same panels.
+the same `${datasource}` variable as Ray's. docs/metrics.md (`python -m
+raypipe.docs`) lists the same panels.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ PANELS = (
         "",
         f"ray_raypipe_train_loss{{{RUN}}}",
         "{{run}}",
-        "Training loss of the last step (KL to the target).",
+        "Training loss (KL to the target), mean over the last logged interval.",
     ),
     Panel(
         "train",
@@ -120,7 +120,7 @@ PANELS = (
         "tokens",
         f"ray_raypipe_train_tau_estimate{{{RUN}}}",
         "{{run}}",
-        "τ estimated from the last step's draft accuracy (random anchors).",
+        "τ estimated from the last logged interval's draft accuracy (random anchors).",
     ),
     Panel(
         "train",
@@ -128,7 +128,7 @@ PANELS = (
         "",
         f"ray_raypipe_train_accuracy{{{RUN}}}",
         "position {{position}}",
-        "Accuracy of each block position in the last step.",
+        "Accuracy of each block position over the last logged interval.",
     ),
     Panel(
         "train",

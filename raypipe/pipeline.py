@@ -24,9 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raypipe.config import DataConfig, RaypipeConfig
-from raypipe.storage import Storage, absolute
-
-STAGES = ("prepare", "train", "export", "eval")
+from raypipe.layout import RunFolders
 
 
 def _digest(doc: Any) -> str:
@@ -34,7 +32,8 @@ def _digest(doc: Any) -> str:
 
 
 def prepare_fingerprint(cfg: DataConfig) -> str:
-    """The data config (redacted; data.output and parallelism included: a resume is cheap) and what the rows depend on."""
+    """The data config (redacted; data.output and parallelism included: a resume is cheap) and what the rows depend
+    on."""
     from raypipe.data.output import dependencies
     from raypipe.data.tokenizer import resolve_tokenizer
 
@@ -43,7 +42,8 @@ def prepare_fingerprint(cfg: DataConfig) -> str:
 
 
 def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
-    """The prepared data by content (the manifest's digest covers every shard's checksum) and the config but data and eval (redacted)."""
+    """The prepared data by content (the manifest's digest covers every shard's checksum) and the config but data and
+    eval (redacted)."""
     return _digest({"manifest_sha256": manifest_sha256, "config": cfg.public_dump(exclude={"data", "eval"})})
 
 
@@ -57,7 +57,7 @@ class StageLog:
 
     def __init__(self, cfg: RaypipeConfig) -> None:
         self.cfg = cfg
-        self.storage = Storage(absolute(f"{cfg.train.output}/pipeline"), cfg.train.storage_options)
+        self.storage = RunFolders.of(cfg).stages
         self._fingerprints: dict[str, str] = {}
 
     def fingerprint(self, stage: str) -> str:
@@ -69,8 +69,7 @@ class StageLog:
             if stage == "prepare":
                 fingerprint = prepare_fingerprint(cfg.data)
             elif stage == "train":
-                manifest = PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options).manifest_bytes()
-                fingerprint = train_fingerprint(cfg, hashlib.sha256(manifest).hexdigest())
+                fingerprint = train_fingerprint(cfg, PreparedOutput.of(cfg.data).manifest_sha256())
             elif stage == "export":
                 fingerprint = self.fingerprint("train")
             else:

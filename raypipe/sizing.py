@@ -1,7 +1,8 @@
 """What a run needs per GPU, from the target's config and the drafter built on the meta device.
 
 Estimates, not measurements: they tell before anything starts whether a
-recipe can fit the GPUs it asks for, with formulas stated here.
+recipe can fit the GPUs it asks for, with formulas stated here. vLLM engines
+on CPU are checked against the machine's memory instead (raypipe.node_memory).
 
 Service replica (vLLM, bf16, tensor parallel `tp`):
 - weights: target parameters x 2 bytes / tp;

@@ -1,4 +1,4 @@
-"""A directory on any fsspec filesystem (local, s3://, gs://) with atomic writes.
+"""A directory on any fsspec filesystem (local, s3://, gs://) with atomic writes, and local paths told from URLs.
 
 Every file is written under a temporary name and renamed into place, so a
 killed writer leaves complete files or none, and readers never see half a file.
@@ -11,7 +11,23 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
+
+
+def is_url(path: str) -> bool:
+    """A URL (`s3://bucket/key`, `file:///tmp/x`) rather than a local path."""
+    return "://" in path
+
+
+def absolute(url: str) -> str:
+    """Local paths made absolute (Ray Train runs each worker in its own working directory); URLs unchanged."""
+    return url if is_url(url) else str(Path(url).resolve())
+
+
+def filesystem(url: str, storage_options: dict[str, Any]) -> tuple[AbstractFileSystem, str]:
+    """(fsspec filesystem, path without protocol); fsspec reuses instances per process and options."""
+    return url_to_fs(url, **storage_options)
 
 
 def file_identity(fs: Any, path: str) -> dict[str, Any]:
@@ -26,23 +42,18 @@ def file_identity(fs: Any, path: str) -> dict[str, Any]:
         return {"size": info["size"], "etag": str(etag).strip('"')}
     if info.get("mtime") is None:
         raise ValueError(
-            f"{path}: its filesystem ({type(fs).__name__}) reports neither an ETag nor a modification time, so a change to it "
-            "cannot be seen; copy the inputs to a local path or an object store"
+            f"{path}: its filesystem ({type(fs).__name__}) reports neither an ETag nor a modification time, so a "
+            "change to it cannot be seen; copy the inputs to a local path or an object store"
         )
     mtime = info["mtime"]
     return {"size": info["size"], "mtime": mtime if isinstance(mtime, (int, float)) else str(mtime)}
-
-
-def absolute(url: str) -> str:
-    """Local paths made absolute (Ray Train runs each worker in its own working directory); URLs unchanged."""
-    return url if "://" in url else str(Path(url).resolve())
 
 
 class Storage:
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         self.url = url.rstrip("/")
         self.storage_options = storage_options
-        self.fs, self.root = url_to_fs(self.url, **storage_options)
+        self.fs, self.root = filesystem(self.url, storage_options)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])

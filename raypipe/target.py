@@ -1,4 +1,4 @@
-"""The target model: where `builtin:` names are built, and the dimensions every stage reads from it.
+"""The target model: where `builtin:` names are built, and the dimensions and layer ids every stage reads from it.
 
 Composite targets (Qwen3.5/3.6 are `Qwen3_5ForConditionalGeneration`: a
 `text_config` beside a `vision_config`) keep the language model's dimensions in
@@ -19,17 +19,22 @@ if TYPE_CHECKING:
 # Built in code on first use, cached under $RAYPIPE_CACHE/models; see raypipe/assets.
 BUILTIN_TARGETS = {
     "builtin:tiny": "a tiny random Qwen3 (Qwen vocabulary)",
-    "builtin:tiny_qwen36": "a tiny random Qwen3.6-architecture model: composite config, Gated DeltaNet + gated attention layers, a vision tower",
+    "builtin:tiny_qwen36": (
+        "a tiny random Qwen3.6-architecture model: composite config, Gated DeltaNet + gated attention layers, a vision "
+        "tower"
+    ),
     "builtin:demo": "a tiny Qwen3 trained in code on structured chat (learnable replies)",
 }
 
 
-def resolve_model(model: str) -> str:
-    """The directory (or hub id) of a target: `builtin:` targets are built locally on each node, deterministically."""
+def resolve_model(model: str, key: str = "serve.model") -> str:
+    """The directory (or hub id) of a target: `builtin:` targets are built locally on each node, deterministically;
+    anything else is returned as it is. `key`: the setting that named it, for the error."""
     if model not in BUILTIN_TARGETS:
         if model.startswith("builtin:"):
             raise ValueError(
-                f"serve.model: unknown builtin target {model!r}; choose one of {', '.join(BUILTIN_TARGETS)} or give a path / Hugging Face id"
+                f"{key}: unknown builtin {model!r}; the builtin targets are {', '.join(BUILTIN_TARGETS)}, or give a "
+                "path / Hugging Face id"
             )
         return model
     from raypipe.assets.qwen_vocab import cache_root
@@ -79,12 +84,6 @@ class TargetShape:
         return num_layer_ids * self.hidden_size * dtype_bytes
 
 
-def load_shape(model_dir: str) -> TargetShape:
-    from transformers import AutoConfig
-
-    return TargetShape.of(AutoConfig.from_pretrained(model_dir))
-
-
 @dataclass(frozen=True)
 class Target:
     """A resolved target: where it is, its shape, and the layer ids the service serves and the drafter reads."""
@@ -95,10 +94,17 @@ class Target:
     layer_ids: tuple[int, ...]  # raypipe.serve.layers convention; the last is the target's last layer for the drafter
 
 
-def resolve_target(cfg: ServeConfig) -> Target:
-    """`serve.model` built or located, its shape read, `serve.layer_ids` checked or defaulted."""
+def load_target(name: str, path: str, layer_ids: list[int] | None = None) -> Target:
+    """The target at `path` (a directory or hub id): its shape read from its config, `layer_ids` checked, or DFlash's
+    default when None."""
+    from transformers import AutoConfig
+
     from raypipe.serve.layers import resolve_layer_ids
 
-    path = resolve_model(cfg.model)
-    shape = load_shape(path)
-    return Target(cfg.model, path, shape, resolve_layer_ids(cfg.layer_ids, shape.num_layers))
+    shape = TargetShape.of(AutoConfig.from_pretrained(path))
+    return Target(name, path, shape, resolve_layer_ids(layer_ids, shape.num_layers))
+
+
+def resolve_target(cfg: ServeConfig) -> Target:
+    """`serve.model` built or located, then loaded with `serve.layer_ids`: how every stage gets its target."""
+    return load_target(cfg.model, resolve_model(cfg.model), cfg.layer_ids)

@@ -16,6 +16,23 @@ from raypipe.data.render import ChatRenderer  # noqa: E402
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E402
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject's default) the tests that start Ray, vLLM or the demo
+    target's build run one after another on one worker: they share one Ray cluster and one build, and two of them at
+    once would oversubscribe the cores. The other tests run beside them on the second worker."""
+    for item in items:
+        if item.get_closest_marker("integration") or {"demo_target", "ray_cluster"} & set(item.fixturenames):
+            item.add_marker(pytest.mark.xdist_group("integration"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """pytest-xdist groups by renaming node ids; a pytest that ignores the rename (9.2 does) must not pass unseen."""
+    if getattr(session.config.option, "loadgroup", False):
+        grouped = [i for i in session.items if i.get_closest_marker("xdist_group")]
+        assert all(i.nodeid.endswith("@integration") for i in grouped), "pytest-xdist's groups were ignored"
+
+
 def data_config(**overrides: Any) -> DataConfig:
     base: dict[str, Any] = {
         "sources": [{"path": "unused"}],
@@ -56,7 +73,7 @@ def qwen_spec(template: str = "qwen_strict", thinking: bool = False) -> tuple[An
 
 def renderer(template: str = "qwen_strict", thinking: bool = False, placeholder: str = "OK.") -> ChatRenderer:
     _, spec = qwen_spec(template, thinking)
-    return ChatRenderer(spec.chat_template, spec.template_kwargs, spec.end_of_turn, placeholder, list(spec.reserved))
+    return ChatRenderer.of(spec, placeholder)
 
 
 def free_port() -> int:

@@ -42,7 +42,7 @@ class LocalCluster:
         self.node_types = node_types
         self.idle_timeout_minutes = idle_timeout_minutes
         self.gcs_port, self.dashboard_port, self.metrics_port = free_port(), free_port(), free_port()
-        # Every process of this cluster has it in its command line; short, since Ray's socket paths must fit in 107 bytes.
+        # Every process of this cluster has it in its command line; short: Ray's socket paths must fit in 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
@@ -140,11 +140,19 @@ class LocalCluster:
         [line] = [x for x in out.splitlines() if "submitted successfully" in x]
         return line.split("'")[1]
 
-    def wait(self, submission_id: str, timeout_s: float) -> tuple[str, str]:
-        """Poll the job until it ends; returns (status, logs)."""
+    def job_client(self) -> Any:
+        """A client of this cluster's job API. With token auth it sends the token of `RAY_AUTH_TOKEN_PATH` itself:
+        this process keeps the test session's auth mode, in which Ray's client sends none."""
         from ray.job_submission import JobSubmissionClient
 
-        client = JobSubmissionClient(self.dashboard_url)
+        headers = None
+        if self.auth.get("RAY_AUTH_MODE") == "token":
+            headers = {"Authorization": f"Bearer {Path(self.auth['RAY_AUTH_TOKEN_PATH']).read_text().strip()}"}
+        return JobSubmissionClient(self.dashboard_url, headers=headers)
+
+    def wait(self, submission_id: str, timeout_s: float) -> tuple[str, str]:
+        """Poll the job until it ends; returns (status, logs)."""
+        client = self.job_client()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             status = str(client.get_job_status(submission_id).value)

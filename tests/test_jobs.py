@@ -1,4 +1,5 @@
-"""The README's way to run raypipe: `ray start --head`, then `ray job submit` the pipeline on the demo recipe.
+"""The README's way to run raypipe: `ray start --head` with Ray's token auth on, then `ray job submit` the pipeline on
+the demo recipe with `RAY_AUTH_MODE=token` and the token.
 
 One run checks the job (success, resume by stage), the outputs (rejects,
 stage records, the export), the evaluation (τ in vLLM, the estimates beside
@@ -8,8 +9,10 @@ it, the plots) and the metrics of every stage on the cluster's endpoint.
 from __future__ import annotations
 
 import json
+import secrets
 import sys
 import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from raypipe.layout import RunFolders
 from raypipe.storage import Storage
 from raypipe.train.ledger import read_training_curve
 from tests.local_cluster import LocalCluster
@@ -67,9 +71,24 @@ class MetricsWatcher(threading.Thread):
             self.seen |= {line.split("{")[0] for line in body.splitlines() if line.startswith("ray_raypipe_")}
 
 
+def refused_without_token(dashboard_url: str) -> bool:
+    """The job API answers 401 to a request that carries no token."""
+    try:
+        urllib.request.urlopen(f"{dashboard_url}/api/jobs/", timeout=30)
+    except urllib.error.HTTPError as err:
+        return err.code == 401
+    return False
+
+
 @pytest.fixture
 def head(tmp_path: Path) -> LocalCluster:
-    cluster = LocalCluster(tmp_path / "cluster", head_cpus=4)
+    """A head with token auth on, as the README starts one. The token is a file, as `ray get-auth-token --generate`
+    writes it; the head and `ray job submit` read it through RAY_AUTH_TOKEN_PATH with RAY_AUTH_MODE=token."""
+    token = tmp_path / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    cluster = LocalCluster(
+        tmp_path / "cluster", head_cpus=4, auth={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    )
     cluster.start()
     yield cluster
     cluster.stop()
@@ -94,6 +113,7 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     status, logs = head.wait(head.submit(job, ROOT), timeout_s=1800)
     watcher.stopping.set()
     assert status == "SUCCEEDED", logs[-5000:]
+    assert refused_without_token(head.dashboard_url)  # the job ran on a head with token auth on
     assert "[pipeline] demo: τ" in logs and "eval.json" in logs
 
     # Outputs: rejects explained, every stage recorded, the drafter accepted in vLLM.
@@ -102,8 +122,8 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     assert sorted(p.stem for p in (out / "train" / "pipeline").glob("*.json")) == ["eval", "export", "prepare", "train"]
     assert (out / "train" / "drafter" / "export.json").is_file()
     check_demo_evaluation(json.loads((out / "train" / "eval" / "eval.json").read_text()))
-    # The service and the trainers share this node: states came as files (epoch 1), then from the cache; none through Ray.
-    curve = read_training_curve(Storage(str(out / "train"), {}), "demo")
+    # The service and the trainers share this node: states came as files (epoch 1), then from the cache, none via Ray.
+    curve = read_training_curve(RunFolders(Storage(str(out / "train"), {}), "demo").ledger)
     came = {k: sum(s[k] for s in curve) for k in ("states_file", "states_array", "states_cache")}
     assert came["states_file"] > 0 and came["states_cache"] > 0 and came["states_array"] == 0, came
 

@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from raypipe.config import load_config
+from raypipe.layout import RunFolders
 from raypipe.pipeline import run_pipeline
-from raypipe.storage import Storage
 from raypipe.train.ledger import read_training_curve
 from raypipe.train.replies import open_rows
 from tests.conftest import free_port
@@ -81,7 +81,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     assert len(twins) == 2 and rows.row(twins[0]).input_ids.tolist() != rows.row(twins[1]).input_ids.tolist()
 
     # Training: the drafter for the composite target trained to the last step; the export is what vLLM loads.
-    curve = read_training_curve(Storage(str(tmp_path / "train"), {}), cfg.name)
+    curve = read_training_curve(RunFolders.of(cfg).ledger)
     assert curve[-1]["step"] == 24 and sum(s["steps"] for s in curve) == 24
     drafter = json.loads((tmp_path / "train" / "drafter" / "config.json").read_text())
     assert drafter["draft_vocab_size"] == 248_320 and drafter["speculators_config"]["verifier"]["architectures"] == [

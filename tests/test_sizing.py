@@ -32,7 +32,8 @@ GPU_BYTES = {  # memory per GPU of cluster.yaml's instance types, as nvidia-smi 
 KIB = 1024
 
 SHAPES = {
-    # recipe: (published target, layers, hidden, vocabulary, served layer ids, draft attention heads x head dim, bytes of states per token)
+    # recipe: (published target, layers, hidden, vocabulary, served layer ids, draft attention heads x head dim,
+    # bytes of states per token)
     "qwen3_8b": ("Qwen/Qwen3-8B", 36, 4096, 151_936, (1, 9, 17, 25, 33, 36), (32, 128), 48 * KIB),
     "qwen36_27b": ("Qwen/Qwen3.6-27B", 64, 5120, 248_320, (1, 16, 31, 46, 61, 64), (20, 256), 60 * KIB),
 }
@@ -41,7 +42,8 @@ SHAPES = {
 def drafter_parameters(
     hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int, layers: int, aux: int
 ) -> int:
-    """Trainable parameters of a DFlash drafter, counted by hand: Qwen3 decoder layers, the fc over the aux states, two norms."""
+    """Trainable parameters of a DFlash drafter, counted by hand: Qwen3 decoder layers, the fc over the aux states,
+    two norms."""
     attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim
     layer = attention + 3 * hidden * intermediate + 2 * hidden
     return layers * layer + aux * hidden * hidden + 2 * hidden

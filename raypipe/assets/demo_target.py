@@ -24,6 +24,7 @@ import torch
 
 from raypipe.assets.qwen_vocab import write_dir_atomically
 from raypipe.assets.templates import load_template
+from raypipe.progress import progress
 
 DEMO_TARGET_VERSION = "1"
 _STAMP_FILE = "raypipe_demo_target.json"
@@ -189,6 +190,7 @@ def train_demo_target(directory: Path, seed: int, steps: int = 600, batch: int =
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.05)
         model.train()
+        bar = progress(steps, "[demo target] training", "steps")
         for _ in range(steps):
             rows = [encode(tok, make_conversation(rng)) for _ in range(batch)]
             width = max(len(ids) for ids, _ in rows)
@@ -203,6 +205,9 @@ def train_demo_target(directory: Path, seed: int, steps: int = 600, batch: int =
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            bar.update()
+        bar.close()
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
 
@@ -215,6 +220,8 @@ def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0) -> Path
     if not stamp_file.is_file():
         if out.exists() and any(out.iterdir()):
             raise ValueError(f"{out} is not empty and holds no demo target; pass a new or empty directory")
+
+        print(f"[demo target] not built yet: training it once, into {out}", flush=True)
 
         def write(tmp: Path) -> None:
             train_demo_target(tmp, seed)

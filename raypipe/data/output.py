@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 import raypipe
 from raypipe import __version__
 from raypipe.data.prepare import HISTOGRAM_EDGES, ShardResult
-from raypipe.data.sources import Chunk, filesystem, list_files
-from raypipe.storage import Storage, file_identity
+from raypipe.data.sources import Chunk, list_files
+from raypipe.storage import Storage, absolute, file_identity, filesystem
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -73,9 +73,8 @@ def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
     """What the prepared rows depend on: raypipe's version, the data config, the tokenizer and the template's text
     (not its name: a template edited in place counts), and each input file's size plus ETag or mtime."""
     for source in cfg.sources:
-        filesystem(source.path, cfg.storage_options)[
-            0
-        ].invalidate_cache()  # files added or changed since a listing in this process
+        fs, _ = filesystem(source.path, cfg.storage_options)
+        fs.invalidate_cache()  # files added or changed since a listing in this process
     files = [url for source in cfg.sources for url in list_files(source, cfg.storage_options)]
     return {
         "raypipe_version": raypipe.__version__,
@@ -87,21 +86,29 @@ def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
 
 
 class PreparedOutput(Storage):
+    @classmethod
+    def of(cls, cfg: DataConfig) -> PreparedOutput:
+        """`data.output`, a local path made absolute: trainers and reply engines read it from other processes."""
+        return cls(absolute(cfg.output), cfg.storage_options)
+
     def manifest_bytes(self) -> bytes:
-        """manifest.json as written (its sha256 is what training chains on); a clear error when the data stage has not completed."""
+        """manifest.json as written (its sha256 is what training chains on); a clear error when the data stage has not
+        completed."""
         self.refresh()  # written by another process since this one listed here
         if not self.exists("manifest.json"):
             raise ValueError(
-                f"{self.url} has no manifest.json: the data stage has not completed there; run `raypipe prepare` with this data.output first"
+                f"{self.url} has no manifest.json: the data stage has not completed there; run `raypipe prepare` with "
+                "this data.output first"
             )
         return self.read("manifest.json")
 
-    def read_manifest(self) -> dict[str, Any]:
-        """The finished dataset's manifest; a clear error when the data stage has not completed."""
-        return json.loads(self.manifest_bytes())
+    def manifest_sha256(self) -> str:
+        """The digest of manifest.json (it covers every shard's checksum): what training and checkpoints chain on."""
+        return _sha256(self.manifest_bytes())
 
     def start(self, doc: dict[str, Any], tok: PreTrainedTokenizerBase) -> None:
-        """Record the plan (`dependencies` plus the chunks), or check that an existing output was made by the same one."""
+        """Record the plan (`dependencies` plus the chunks), or check that an existing output was made by the same
+        one."""
         self.refresh()  # a killed run's files were written by other processes
         if self.exists("plan.json"):
             old = self.read_json("plan.json")
@@ -110,8 +117,8 @@ class PreparedOutput(Storage):
                     _PLAN_KEYS.get(k, k) for k in sorted(old.keys() | doc.keys()) if old.get(k) != doc.get(k)
                 )
                 raise ValueError(
-                    f"data.output {self.url} holds a run made with a different {', '.join(what)} (see its plan.json): its shards must not "
-                    f"mix with new ones; set a new data.output, or delete {self.url} to start over"
+                    f"data.output {self.url} holds a run made with a different {', '.join(what)} (see its plan.json): "
+                    f"its shards must not mix with new ones; set a new data.output, or delete {self.url} to start over"
                 )
             for leftover in self.fs.glob(self.path("**", "*.tmp-*")):  # from a killed run; one run per output at a time
                 self.fs.rm(leftover)
@@ -143,15 +150,10 @@ class PreparedOutput(Storage):
         return stats
 
     def write_manifest(
-        self,
-        plan: list[Chunk],
-        config_hash: str,
-        tokenizer_hash: str,
-        template_hash: str,
-        end_of_turn: dict[str, Any],
-        unmatched: list[str],
+        self, plan: list[Chunk], deps: dict[str, Any], end_of_turn: dict[str, Any], unmatched: list[str]
     ) -> dict[str, Any]:
-        """Totals over every shard; files that could not be read and files not matched are named, not only counted."""
+        """Totals over every shard (`deps`: what `dependencies` returned for the plan); files that could not be read and
+        files not matched are named, not only counted."""
         shards = [self.read_json(f"stats/{shard_name(c.index)}.json") for c in plan]
         totals = {k: sum(s[k] for s in shards) for k in COUNT_KEYS}
         assert totals["rows_in"] + totals["split_extra"] == totals["rows_kept"] + totals["rows_rejected"], (
@@ -165,9 +167,7 @@ class PreparedOutput(Storage):
                 rejects[code] = rejects.get(code, 0) + n
         manifest = {
             "raypipe_version": __version__,
-            "config_hash": config_hash,
-            "tokenizer_hash": tokenizer_hash,
-            "template_hash": template_hash,
+            **{k: deps[k] for k in ("config_hash", "tokenizer_hash", "template_hash")},
             "end_of_turn": end_of_turn,  # where on-policy replies stop
             "counts": totals,
             "rejects_by_code": dict(sorted(rejects.items())),

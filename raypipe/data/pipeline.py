@@ -31,7 +31,7 @@ class _PrepareActor:
     def __init__(self, cfg_json: str, spec: TokenizerSpec) -> None:
         cfg = DataConfig.model_validate_json(cfg_json)
         self.preparer = ShardPreparer(cfg, spec)
-        self.output = PreparedOutput(cfg.output, cfg.storage_options)
+        self.output = PreparedOutput.of(cfg)
         self.rows = Counter("raypipe_data_rows", "Input rows prepared by the data stage.", ("source",))
         self.kept = Counter("raypipe_data_rows_kept", "Prepared rows written.", ("source",))
         self.tokens = Counter("raypipe_data_tokens", "Tokens in prepared rows.", ("source",))
@@ -68,8 +68,7 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
             f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}",
             flush=True,
         )
-    output = PreparedOutput(cfg.output, cfg.storage_options)
-    config_hash, tokenizer_hash = deps["config_hash"], deps["tokenizer_hash"]
+    output = PreparedOutput.of(cfg)
     output.start({**deps, "chunks": [c.to_dict() for c in plan]}, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
     print(
@@ -79,11 +78,12 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
         _run_actors(cfg, spec, todo)
     output.refresh()  # the actors wrote stats/ from other processes: a listing cached here would hide their files
     end_of_turn = {"token": spec.end_of_turn, "id": spec.end_of_turn_id}
-    manifest = output.write_manifest(plan, config_hash, tokenizer_hash, spec.template_digest(), end_of_turn, unmatched)
+    manifest = output.write_manifest(plan, deps, end_of_turn, unmatched)
     c = manifest["counts"]
     print(
-        f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected {c['rows_rejected']}; "
-        f"{c['tokens']} tokens, {c['needs_response']} rows need a response; manifest at {output.url}/manifest.json",
+        f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected "
+        f"{c['rows_rejected']}; {c['tokens']} tokens, {c['needs_response']} rows need a response; manifest at "
+        f"{output.url}/manifest.json",
         flush=True,
     )
     return manifest
@@ -107,6 +107,7 @@ def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> None
         done += 1
         rows += stats["rows_in"]
         print(
-            f"[prepare] shard {stats['shard']} done ({done}/{len(todo)}), {rows / (time.monotonic() - start):.0f} rows/s",
+            f"[prepare] shard {stats['shard']} done ({done}/{len(todo)}), "
+            f"{rows / (time.monotonic() - start):.0f} rows/s",
             flush=True,
         )

@@ -132,7 +132,8 @@ def fit_length(
 
 
 def prompt_reject(prompt_tokens: int, needs_response: bool, max_length: int, policy: str) -> Reject:
-    """What `fit_length` decides for a row whose prompt alone has `prompt_tokens` >= max_length (at least; counting stopped there)."""
+    """What `fit_length` decides for a row whose prompt alone has `prompt_tokens` >= max_length (at least; counting
+    stopped there)."""
     if policy == "reject":
         return Reject(
             "length",
@@ -174,9 +175,7 @@ class ShardPreparer:
     def __init__(self, cfg: DataConfig, spec: TokenizerSpec) -> None:
         self.cfg = cfg
         self.backend = Tokenizer.from_str(spec.tokenizer_json)
-        self.renderer = ChatRenderer(
-            spec.chat_template, spec.template_kwargs, spec.end_of_turn, cfg.placeholder_reply, list(spec.reserved)
-        )
+        self.renderer = ChatRenderer.of(spec, cfg.placeholder_reply)
         self.splits = _special_splitter(spec.tokenizer_json)
 
     def prepare(self, chunk: Chunk) -> ShardResult:
@@ -217,7 +216,10 @@ class ShardPreparer:
                     "file": err.url,
                     "stage": "read",
                     "code": "unreadable_file",
-                    "reason": f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are counted as usual",
+                    "reason": (
+                        f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are "
+                        "counted as usual"
+                    ),
                 }
             )
         if pending:

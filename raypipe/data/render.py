@@ -36,12 +36,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
 
 from jinja2 import TemplateError
 from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 from raypipe.data.formats import Conversation, Reject
+
+if TYPE_CHECKING:
+    from raypipe.data.tokenizer import TokenizerSpec
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -85,6 +89,11 @@ class ChatRenderer:
         self.has_markers = bool(_GENERATION_TAG.search(chat_template))
         _speed_up_sandbox(_compile_jinja_template(chat_template).environment)
         self.placeholder_tail = self._placeholder_tail()
+
+    @classmethod
+    def of(cls, spec: TokenizerSpec, placeholder: str) -> ChatRenderer:
+        """The renderer of a resolved tokenizer's template, with its special tokens reserved."""
+        return cls(spec.chat_template, spec.template_kwargs, spec.end_of_turn, placeholder, list(spec.reserved))
 
     def _placeholder_tail(self) -> str | None:
         """How the template renders the placeholder reply after a generation prompt; None if it does not extend it."""
@@ -147,7 +156,11 @@ class ChatRenderer:
             return [_cut(full, turns, needs_response, None, self.eot)]
         last = len(messages) - 1
         placeholder = [needs_response and t.index == last for t in turns]
-        return [_cut(t.text, [t], p, t.index, self.eot) for t, p in zip(turns, placeholder) if t.supervised or p]
+        return [
+            _cut(t.text, [t], p, t.index, self.eot)
+            for t, p in zip(turns, placeholder, strict=True)
+            if t.supervised or p
+        ]
 
     def _turns(
         self, messages: list[dict[str, Any]], tools: Any, full: str, needs_response: bool, context_only: frozenset[int]
@@ -206,7 +219,7 @@ class ChatRenderer:
                 "generation_blocks",
                 f"template marked {len(blocks)} generation blocks for {len(assistant)} assistant turns",
             )
-        turns = [_Turn(k, s, e, full, k not in context_only) for k, (s, e) in zip(assistant, blocks)]
+        turns = [_Turn(k, s, e, full, k not in context_only) for k, (s, e) in zip(assistant, blocks, strict=True)]
         turns[-1].supervised = turns[-1].supervised and not needs_response
         _require_supervision(turns, needs_response)
         return _cut(full, turns, needs_response, None, self.eot)
@@ -285,14 +298,15 @@ def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None, 
             raise Reject(
                 "render",
                 code,
-                f"the supervised span of messages[{t.index}] holds {n} end-of-turn tokens {eot}, not exactly one at its end",
+                f"the supervised span of messages[{t.index}] holds {n} end-of-turn tokens {eot}, not exactly one at "
+                "its end",
             )
     bounds = sorted({0, len(text), *(t.start for t in turns), *(t.end for t in turns if t.supervised)})
     supervised = [(t.start, t.end) for t in turns if t.supervised]
     pieces = []
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in pairwise(bounds):
         if a < b:
             pieces.append((text[a:b], any(s <= a and b <= e for s, e in supervised)))
     prompt_end = turns[-1].start
-    prompt_pieces = sum(1 for a, b in zip(bounds, bounds[1:]) if a < b and b <= prompt_end)
+    prompt_pieces = sum(1 for a, b in pairwise(bounds) if a < b and b <= prompt_end)
     return Segmented(pieces, prompt_pieces, needs_response, turn)

@@ -34,9 +34,9 @@ from typing import IO, Any
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
-from fsspec.core import url_to_fs
 
 from raypipe.config import SourceConfig
+from raypipe.storage import filesystem, is_url
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz", ".parquet": "parquet"}
 # Errors that mean the file's bytes are unusable (gzip.BadGzipFile is an OSError, a truncated gzip an EOFError).
@@ -82,11 +82,6 @@ def file_kind(path: str) -> str | None:
     return None
 
 
-def filesystem(url: str, storage_options: dict[str, Any]) -> tuple[fsspec.AbstractFileSystem, str]:
-    """(filesystem, path without protocol); fsspec reuses instances per process."""
-    return url_to_fs(url, **storage_options)
-
-
 def _listing(source: SourceConfig, storage_options: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(files with a known suffix, other files) of a source, both sorted, as URLs."""
     fs, path = filesystem(source.path, storage_options)
@@ -101,7 +96,7 @@ def _listing(source: SourceConfig, storage_options: dict[str, Any]) -> tuple[lis
             f"data.sources: {source.path} does not exist; fix the path (globs like dir/*.jsonl are allowed)"
         )
     files = [p for p in found if not fs.isdir(p)]
-    as_url = (lambda p: fs.unstrip_protocol(p)) if "://" in source.path else (lambda p: p)
+    as_url = (lambda p: fs.unstrip_protocol(p)) if is_url(source.path) else (lambda p: p)
     return sorted(as_url(p) for p in files if file_kind(p)), sorted(as_url(p) for p in files if not file_kind(p))
 
 
@@ -151,7 +146,8 @@ def plan_chunks(sources: list[SourceConfig], storage_options: dict[str, Any], ch
             elif kind == "jsonl.gz":
                 size, damaged = _gzip_size(fs, path)
                 ranges = _ranges(size, chunk_bytes)
-                if damaged:  # the last range reads one byte past the readable part, so its chunk meets the error and names the file
+                if damaged:
+                    # The last range reads one byte past the readable part: its chunk meets the error, naming the file.
                     ranges[-1] = (ranges[-1][0], size + 1)
             else:
                 try:

@@ -48,6 +48,8 @@ class TokenizerSpec:
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """`data.tokenizer`: the builtin Qwen vocabulary, the demo target's, a builtin target's (raypipe.target) or a path /
+    Hugging Face id."""
     if name == "builtin:qwen":
         from raypipe.assets.qwen_vocab import build_qwen_tokenizer
 
@@ -58,9 +60,9 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         return build_tokenizer()  # the demo target's own vocabulary, without training the target
     from transformers import AutoTokenizer
 
-    from raypipe.target import BUILTIN_TARGETS, resolve_model
+    from raypipe.target import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(name) if name in BUILTIN_TARGETS else name)
+    tok = AutoTokenizer.from_pretrained(resolve_model(name, key="data.tokenizer"))
     if not tok.is_fast:
         raise ValueError(f"data.tokenizer: {name} has no fast tokenizer; raypipe needs tokenizer.json")
     return tok
@@ -70,7 +72,8 @@ def resolve_template(tok: PreTrainedTokenizerBase, chat_template: str | None, to
     if chat_template is None:
         if not tok.chat_template:
             raise ValueError(
-                f"data.chat_template: tokenizer {tokenizer_name} has no chat template; set one of {', '.join(TEMPLATE_NAMES)} or a .jinja path"
+                f"data.chat_template: tokenizer {tokenizer_name} has no chat template; set one of "
+                f"{', '.join(TEMPLATE_NAMES)} or a .jinja path"
             )
         return tok.chat_template
     if chat_template in TEMPLATE_NAMES:
@@ -100,7 +103,8 @@ def probe_end_of_turn(
     found = sorted((tail.find(t), t) for t in specials if t in tail)
     if not found or tail[: found[0][0]].strip():
         raise ValueError(
-            f"data.end_of_turn: the template writes {tail[:40]!r} after a reply, not a special token; set data.end_of_turn to the token that ends a turn"
+            f"data.end_of_turn: the template writes {tail[:40]!r} after a reply, not a special token; set "
+            "data.end_of_turn to the token that ends a turn"
         )
     return found[0][1]
 
@@ -114,7 +118,8 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
     end_of_turn_ids = tok.encode(end_of_turn, add_special_tokens=False)
     if end_of_turn not in reserved or len(end_of_turn_ids) != 1:
         raise ValueError(
-            f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: {', '.join(reserved)}"
+            f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: "
+            f"{', '.join(reserved)}"
         )
     spec = TokenizerSpec(
         tokenizer_json=tok.backend_tokenizer.to_str(),

@@ -24,18 +24,19 @@ from raypipe.eval.offline import Replay, load_drafter, replay
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import measurements, plot_acceptance, plot_training
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
+from raypipe.layout import RunFolders, eval_output
 from raypipe.serve.deployment import replica_resources
-from raypipe.storage import Storage, absolute
+from raypipe.storage import Storage
 from raypipe.target import resolve_target
-from raypipe.train.export import EXPORT_DIR
+from raypipe.train.export import DONE
 from raypipe.train.ledger import read_training_curve
 
 TRAINED, UNTRAINED = "trained", "untrained"
 
 
 def _export(cfg: RaypipeConfig) -> Storage:
-    export = Storage(absolute(f"{cfg.train.output}/{EXPORT_DIR}"), cfg.train.storage_options)
-    if not export.exists("export.json"):
+    export = RunFolders.of(cfg).export
+    if not export.exists(DONE):
         raise ValueError(f"no exported drafter at {export.url}: train, then `raypipe export` with this config")
     return export
 
@@ -70,6 +71,7 @@ def _generate(
             prompts,
             temperatures,
             max_tokens=cfg.eval.max_tokens,
+            label=f"{drafter or 'no'} drafter",
         )
 
 
@@ -132,7 +134,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures
 
-    print(f"[eval] {len(prompts)} prompts: vLLM with the trained drafter at temperatures {temps}", flush=True)
+    print(f"[eval] 1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}", flush=True)
     trained: list[Generation] = []
     refused = None
     try:
@@ -143,18 +145,18 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",
             flush=True,
         )
-    print("[eval] vLLM without a drafter", flush=True)
+    print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
     plain = ray.get(generate.remote(config, None, prompts, temps))
     untrained = None
     if refused is None:
-        print("[eval] vLLM with an untrained drafter (the floor)", flush=True)
+        print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
         [untrained] = ray.get(generate.remote(config, UNTRAINED, prompts, [0.0]))
     greedy_replies = next(g for g in (trained or plain) if g.temperature == 0.0).replies
-    print("[eval] offline replay of the greedy replies", flush=True)
+    print("[eval] 4/4 offline replay of the greedy replies", flush=True)
     offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, greedy_replies))
 
     _record_metrics(cfg.name, trained, untrained, offline)
-    steps = read_training_curve(Storage(absolute(cfg.train.output), cfg.train.storage_options), cfg.name)
+    steps = read_training_curve(RunFolders.of(cfg).ledger)
     doc = {
         "run": cfg.name,
         "drafter": export.url,
@@ -168,7 +170,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         "num_speculative_tokens": cfg.train.block_size - 1,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
     }
-    out = Storage(absolute(cfg.eval.output or f"{cfg.train.output}/eval"), cfg.train.storage_options)
+    out = eval_output(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         if steps:
             plot_training(steps, doc["tau"], Path(tmp, "training.png"))
@@ -185,7 +187,8 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     for c in doc["comparisons"]:
         if c["flagged"]:
             print(
-                f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} ({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)",
+                f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} "
+                f"({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)",
                 flush=True,
             )
     return doc

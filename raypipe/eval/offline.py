@@ -38,7 +38,7 @@ class Replay:
         return Replay(
             self.steps + other.steps,
             self.accepted + other.accepted,
-            [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position)],
+            [a + b for a, b in zip(self.accepted_per_position, other.accepted_per_position, strict=True)],
         )
 
     def summary(self) -> dict[str, Any]:
@@ -98,7 +98,7 @@ def accepted_at_every_position(
     for row, p in enumerate(anchors):
         truth = ids[p + 1 : p + block]
         run = 0
-        for guess, want in zip(drafted[row].tolist(), truth):
+        for guess, want in zip(drafted[row].tolist(), truth, strict=False):  # a block may run past the end of ids
             if guess != want:
                 break
             run += 1
@@ -107,21 +107,24 @@ def accepted_at_every_position(
 
 
 def load_drafter(drafter: Any, directory: str) -> Any:
-    """Exported (trained) weights into a drafter built for the target; the frozen embedding and head stay the target's."""
+    """Exported (trained) weights into a drafter built for the target; the frozen embedding and head stay the
+    target's."""
     missing, unexpected = drafter.load_state_dict(load_file(f"{directory}/model.safetensors"), strict=False)
     trainable = {n for n, p in drafter.named_parameters() if p.requires_grad}
     if unexpected or trainable & set(missing):
         raise ValueError(
-            f"{directory} does not fit the drafter built from this config: missing {sorted(trainable & set(missing))}, unexpected {unexpected}"
+            f"{directory} does not fit the drafter built from this config: missing {sorted(trainable & set(missing))}, "
+            f"unexpected {unexpected}"
         )
     return drafter.eval()
 
 
 def replay(drafter: Any, target: Any, prompts: list[list[int]], replies: list[list[int]]) -> Replay:
-    """The replay summed over prompts; `target` gives the reference states and greedy continuations (TransformersEngine)."""
+    """The replay summed over prompts; `target` gives the reference states and greedy continuations
+    (TransformersEngine)."""
     width = drafter.block_size - 1
     total = Replay(0, 0, [0] * width)
-    for prompt, reply in zip(prompts, replies):
+    for prompt, reply in zip(prompts, replies, strict=True):
         end = len(prompt) + len(reply)
         [ids] = target.continue_greedy([prompt + reply], width)  # what vLLM verifies a last block against
         [states] = target.extract([ids])

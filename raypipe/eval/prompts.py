@@ -50,7 +50,8 @@ def load_prompts(cfg: RaypipeConfig) -> tuple[list[str], list[list[int]]]:
         messages = conv.messages[:-1] if conv.messages[-1]["role"] == "assistant" else conv.messages
         if not messages or messages[-1]["role"] not in ("user", "tool"):
             raise ValueError(
-                f"eval.prompts: {where} has no user turn to answer; give conversations that end with a user turn (or a reply to drop)"
+                f"eval.prompts: {where} has no user turn to answer; give conversations that end with a user turn (or a "
+                "reply to drop)"
             )
         text = tok.apply_chat_template(
             messages,
@@ -62,7 +63,8 @@ def load_prompts(cfg: RaypipeConfig) -> tuple[list[str], list[list[int]]]:
         prompt = tok(text, add_special_tokens=False)["input_ids"]
         if len(prompt) + cfg.eval.max_tokens > cfg.serve.max_model_len:
             raise ValueError(
-                f"eval.prompts: {where} has {len(prompt)} prompt tokens; with eval.max_tokens={cfg.eval.max_tokens} it exceeds serve.max_model_len={cfg.serve.max_model_len}"
+                f"eval.prompts: {where} has {len(prompt)} prompt tokens; with eval.max_tokens={cfg.eval.max_tokens} "
+                f"it exceeds serve.max_model_len={cfg.serve.max_model_len}"
             )
         ids.append(conv.id or where)
         prompts.append(prompt)

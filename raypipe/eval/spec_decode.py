@@ -81,10 +81,13 @@ def generate_in_vllm(
     temperatures: list[float],
     *,
     max_tokens: int,
+    label: str = "vLLM",
 ) -> list[Generation]:
-    """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args), speculative when `drafter` is given."""
+    """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args),
+    speculative when `drafter` is given; `label` names its progress lines."""
     from vllm import LLM, SamplingParams
 
+    from raypipe.progress import vllm_progress
     from raypipe.serve.reaper import engine_processes
 
     speculative = (
@@ -103,7 +106,7 @@ def generate_in_vllm(
             outputs = llm.generate(
                 [{"prompt_token_ids": p} for p in prompts],
                 SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0),
-                use_tqdm=False,
+                use_tqdm=vllm_progress(f"[eval] {label}, temperature {temperature:g}"),
             )
             seconds = time.perf_counter() - start
             after = _read(llm)

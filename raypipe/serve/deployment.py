@@ -12,12 +12,18 @@ and trainers on its node, and ends the vLLM engine processes that dead owners
 left on it (raypipe.serve.reaper), its own when it shuts down. An HTTP ingress
 (loopback unless configured) answers /health, /stats and /canary for
 operators; the trainer uses the handle.
+
+Deploying fails fast: the replicas' engines are checked against the machine's
+memory first (raypipe.node_memory), and the first replica that cannot start
+fails the deployment, which raises that replica's own error (vLLM's, with the
+setting that fixes it: raypipe.serve.vllm_engine) instead of Serve retrying it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
 import threading
 import time
 import uuid
@@ -31,6 +37,7 @@ from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
 
 from raypipe.config import ServeConfig
+from raypipe.node_memory import check_engine_memory
 from raypipe.serve.canary import Canary, CanaryReport
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
@@ -46,15 +53,17 @@ from raypipe.serve.transport import (
     write_states,
 )
 from raypipe.serve.validate import validate_batch
-from raypipe.target import BUILTIN_TARGETS, resolve_model, resolve_target
+from raypipe.target import resolve_model, resolve_target
 
 APP_NAME = "raypipe_hidden_states"
 RECLAIM_EVERY_S = 60.0
+EXCEPTION_LINE = re.compile(r"(?:\w+\.)*\w+(?:Error|Exception): ")
 api = FastAPI(title="raypipe hidden-state service")
 
 
 class ReferenceEngine:
-    """The transformers engine behind the same asynchronous interface: one call at a time, states written as vLLM's connector writes them."""
+    """The transformers engine behind the same asynchronous interface: one call at a time, states written as vLLM's
+    connector writes them."""
 
     def __init__(self, engine: TransformersEngine, directory: Path) -> None:
         self.engine = engine
@@ -170,9 +179,9 @@ class HiddenStateService:
         self.m_queue.set(self.in_flight)
 
     async def _paths(self, batch: list[list[int]]) -> list[str]:
-        """One engine request per sequence, all in flight together. A cancelled or failed call lets its engine requests
-        finish and removes their files then: an engine request aborted after its prefill may still have its states written
-        under a name nobody would learn, so none is aborted (each is one prefill)."""
+        """One engine request per sequence, all in flight together. A cancelled or failed call lets its engine
+        requests finish and removes their files then: an engine request aborted after its prefill may still have its
+        states written under a name nobody would learn, so none is aborted (each is one prefill)."""
         tasks = [asyncio.ensure_future(self.engine.extract(ids)) for ids in batch]
         self.in_flight += len(tasks)
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -285,8 +294,8 @@ class HiddenStateService:
         return "ok"
 
     def __del__(self) -> None:
-        """Graceful shutdown: Serve drains the replica, then the engine goes (its processes ended by pid), and its directory
-        unless a trainer still owns files in it."""
+        """Graceful shutdown: Serve drains the replica, then the engine goes (its processes ended by pid), and its
+        directory unless a trainer still owns files in it."""
         close = getattr(getattr(self, "engine", None), "close", None)
         if close is not None:
             close()
@@ -318,6 +327,7 @@ def build_app(cfg: ServeConfig) -> Any:
     return HiddenStateService.options(
         ray_actor_options=replica_resources(cfg),
         max_ongoing_requests=cfg.max_ongoing_requests,
+        max_constructor_retry_count=1,  # a replica that cannot start fails the deployment (Serve retries 3 times)
         logging_config={"enable_access_log": False},  # one line per extraction drowns the job's log
         autoscaling_config={
             "min_replicas": cfg.min_replicas,
@@ -329,14 +339,38 @@ def build_app(cfg: ServeConfig) -> Any:
     ).bind(cfg)
 
 
+def replica_error(app: Any) -> str:
+    """The replica's exception in a failed application's status (its deployment's message ends with the replica's
+    traceback, whose last exception line is it), else the application's message."""
+    lines = "\n".join(d.message for d in app.deployments.values()).splitlines()
+    found = [line.strip() for line in lines if EXCEPTION_LINE.match(line.strip())]
+    return found[-1] if found else app.message
+
+
+def deploy(cfg: ServeConfig, blocking: bool = False) -> Any:
+    """Deploy the service on the running Serve; returns the handle once it serves (then blocks if `blocking`). When a
+    replica fails to start, the application is deleted and the replica's error raised."""
+    try:
+        return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)
+    except RuntimeError:
+        app = serve.status().applications.get(APP_NAME)
+        if app is None or app.status != "DEPLOY_FAILED":
+            raise
+    serve.delete(APP_NAME)
+    raise RuntimeError(f"the hidden-state service did not start: {replica_error(app)}")
+
+
 def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
-    """Start Serve's HTTP proxy on the configured host and deploy the service; returns the handle."""
+    """Start Serve's HTTP proxy on the configured host, check that the replicas' engines fit this machine's memory,
+    and deploy the service; returns the handle."""
     serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
-    return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)
+    check_engine_memory(cfg, cfg.max_replicas)
+    return deploy(cfg, blocking)
 
 
 def attach_service(cfg: ServeConfig) -> Any | None:
-    """The running hidden-state service's handle if it serves what `cfg` needs, None if none runs; another target is an error."""
+    """The running hidden-state service's handle if it serves what `cfg` needs, None if none runs; another target is
+    an error."""
     try:
         status = serve.status().applications.get(APP_NAME)
     except Exception:  # noqa: BLE001 - Serve is not running on this cluster yet
@@ -364,8 +398,5 @@ def ensure_service(cfg: ServeConfig) -> Any:
     handle = attach_service(cfg)
     if handle is not None:
         return handle
-    if cfg.model in BUILTIN_TARGETS:
-        resolve_model(
-            cfg.model
-        )  # build it here with every core, not in the replica's one thread (it is cached on disk)
+    resolve_model(cfg.model)  # a builtin target is built here with every core, not in the replica's one thread
     return run_service(cfg, blocking=False)

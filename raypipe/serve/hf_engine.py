@@ -26,7 +26,8 @@ def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Mod
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         raise ValueError(
-            f"{type(model).__name__}: its decoder {type(decoder).__name__} has no `layers` list; raypipe cannot hook its hidden states"
+            f"{type(model).__name__}: its decoder {type(decoder).__name__} has no `layers` list; raypipe cannot hook "
+            "its hidden states"
         )
     return decoder, model.get_input_embeddings(), layers
 

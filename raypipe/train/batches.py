@@ -46,7 +46,7 @@ def pack_host(rows: list[Row], states: list[Any], pin: bool) -> dict[str, torch.
     Each row's states are copied once, from wherever they arrived (a shared-memory
     file, an object-store array, a cached tensor), into the step's buffer.
     """
-    for r, s in zip(rows, states):
+    for r, s in zip(rows, states, strict=True):
         assert s.shape[0] == len(r.input_ids), (
             f"states of {r.sample_id} have {s.shape[0]} positions for {len(r.input_ids)} tokens"
         )

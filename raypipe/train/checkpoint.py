@@ -40,7 +40,11 @@ from torch.distributed.tensor import DTensor
 from raypipe.config import redact
 from raypipe.train.step import any_rank
 
+# The files of a checkpoint (see above), as export and the resume check read them.
+DRAFTER_DIR = "drafter"
 STATE_FILE = "training_state.json"
+CONFIG_FILE = "config.json"
+PROVENANCE_FILE = "provenance.json"
 
 
 @dataclass
@@ -51,11 +55,12 @@ class TrainingState:
 
 
 def nonfinite_parameters(model: torch.nn.Module) -> list[str]:
-    """Names of the trainable parameters holding NaN or Inf on any rank (a collective: every rank gets the same list)."""
+    """Names of the trainable parameters holding NaN or Inf on any rank (a collective: every rank gets the same
+    list)."""
     named = [(name, p.detach()) for name, p in model.named_parameters() if p.requires_grad]
     local = [p.to_local() if isinstance(p, DTensor) else p for _, p in named]  # FSDP2: this rank's shard
     flags = any_rank(torch.stack([(~torch.isfinite(p)).any() for p in local]).to(torch.float32))
-    return [name for (name, _), bad in zip(named, flags.tolist()) if bad]
+    return [name for (name, _), bad in zip(named, flags.tolist(), strict=True) if bad]
 
 
 def save_checkpoint(
@@ -74,20 +79,21 @@ def save_checkpoint(
     bad = nonfinite_parameters(model)
     if bad:
         raise ValueError(
-            f"refusing to checkpoint step {state.step}: {len(bad)} trainable tensors hold NaN or Inf ({', '.join(bad[:3])}); the stored checkpoints "
-            f"are kept. Lower train.lr or train.grad_clip, or look for broken rows in the prepared data"
+            f"refusing to checkpoint step {state.step}: {len(bad)} trainable tensors hold NaN or Inf "
+            f"({', '.join(bad[:3])}); the stored checkpoints are kept. Lower train.lr or train.grad_clip, or look for "
+            "broken rows in the prepared data"
         )
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_state = get_model_state_dict(model, options=options)
     optim_state = get_optimizer_state_dict(model, optimizer, options=options)
     if not write:
         return
-    drafter.save_pretrained(directory / "drafter", state_dict=model_state)
+    drafter.save_pretrained(directory / DRAFTER_DIR, state_dict=model_state)
     torch.save(optim_state, directory / "optimizer.pt")
     torch.save(scheduler.state_dict(), directory / "scheduler.pt")
     (directory / STATE_FILE).write_text(json.dumps(asdict(state)))
-    (directory / "config.json").write_text(json.dumps(redact(config), indent=1))  # no credentials in stored checkpoints
-    (directory / "provenance.json").write_text(json.dumps(provenance, indent=1))
+    (directory / CONFIG_FILE).write_text(json.dumps(redact(config), indent=1))  # no credentials in stored checkpoints
+    (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
 
 
 def load_checkpoint(
@@ -95,7 +101,7 @@ def load_checkpoint(
 ) -> TrainingState:
     """Restore trainable weights, optimizer and scheduler on every rank; returns where training stopped."""
     options = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(model, load_file(str(directory / "drafter" / "model.safetensors")), options=options)
+    set_model_state_dict(model, load_file(str(directory / DRAFTER_DIR / "model.safetensors")), options=options)
     set_optimizer_state_dict(
         model, optimizer, torch.load(directory / "optimizer.pt", weights_only=True), options=options
     )

@@ -17,17 +17,17 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from raypipe.config import RaypipeConfig
+from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
-from raypipe.train.checkpoint import STATE_FILE
+from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
 from raypipe.train.launcher import best_checkpoint
 
-EXPORT_DIR = "drafter"
 DONE = "export.json"
 
 
 def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, Any]:
-    """Export the best checkpoint's drafter to `output` (default: {train.output}/drafter); returns export.json."""
-    return export_checkpoint(cfg, best_checkpoint(cfg), absolute(output or f"{cfg.train.output}/{EXPORT_DIR}"))
+    """Export the best checkpoint's drafter to `output` (default: the run's drafter/); returns export.json."""
+    return export_checkpoint(cfg, best_checkpoint(cfg), absolute(output) if output else RunFolders.of(cfg).export.url)
 
 
 def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict[str, Any]:
@@ -35,13 +35,12 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
     out = Storage(url, cfg.train.storage_options)
     staging = Storage(f"{out.url}.tmp-{uuid.uuid4().hex}", cfg.train.storage_options)
     try:
-        files = [rel.split("/", 1)[1] for rel in checkpoint.glob("drafter/*")]
+        files = [rel.split("/", 1)[1] for rel in checkpoint.glob(f"{DRAFTER_DIR}/*")]
         for name in files:
-            staging.write(name, checkpoint.read(f"drafter/{name}"))
-        drafter_config = json.loads(checkpoint.read("drafter/config.json"))
-        spec_tokens = drafter_config["block_size"] - 1
-        provenance = checkpoint.read_json("provenance.json")
-        target = provenance["target_path"] if cfg.serve.model.startswith("builtin:") else cfg.serve.model
+            staging.write(name, checkpoint.read(f"{DRAFTER_DIR}/{name}"))
+        spec_tokens = checkpoint.read_json(f"{DRAFTER_DIR}/config.json")["block_size"] - 1
+        provenance = checkpoint.read_json(PROVENANCE_FILE)
+        target = provenance["target_path"]  # serve.model, or where a builtin target was built
         doc = {
             "checkpoint": checkpoint.url,
             "training_state": checkpoint.read_json(STATE_FILE),
@@ -63,7 +62,8 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
 
 def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
     """Put the complete `staging` export in place of `out`: a directory rename on a local filesystem; on object stores
-    (no rename) file by file after the old `export.json` is gone, the new one last, so a mix of two exports never reads as complete."""
+    (no rename) file by file after the old `export.json` is gone, the new one last, so a mix of two exports never
+    reads as complete."""
     fs = out.fs
     local = isinstance(fs, LocalFileSystem)
     old = f"{out.root}.old-{uuid.uuid4().hex}"

@@ -2,9 +2,9 @@
 
 Workers take `train.resource` (a custom resource on the Train GPU nodes, so
 they never share a GPU with Serve replicas) inside a placement group with
-`train.placement_strategy`. Checkpoints go to `{train.output}/ray_train/{name}`
-through pyarrow's view of the same fsspec filesystem (so `s3://` with a custom
-endpoint works). A worker failure restarts the group from the last checkpoint
+`train.placement_strategy`. Checkpoints go to the run's `ray_train/{name}`
+(raypipe.layout) through pyarrow's view of the same fsspec filesystem (so
+`s3://` with a custom endpoint works). A worker failure restarts the group from the last checkpoint
 up to `train.max_failures` times; re-running the same config resumes too.
 
 Checkpoints are scored by `train_loss`, the mean training loss of the steps
@@ -23,17 +23,17 @@ off as this one's.
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from typing import Any
 
 from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
+from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
+from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
 from raypipe.train.loop import train_worker
 from raypipe.train.replies import open_rows
 
-TRAIN_DIR = "ray_train"
 # train.* a resume may change: how the run is executed, not what it trains.
 EXECUTION = {
     "output",
@@ -56,6 +56,7 @@ EXECUTION = {
     "max_failures",
     "max_nonfinite_steps",
     "reply_timeout_s",
+    "trackers",
 }
 
 
@@ -63,12 +64,17 @@ def _train_storage(cfg: RaypipeConfig) -> tuple[Storage, Any]:
     """Ray Train's storage directory and pyarrow's view of the same fsspec filesystem (s3 endpoints included)."""
     import pyarrow.fs
 
-    storage = Storage(cfg.train.output, cfg.train.storage_options).child(TRAIN_DIR)
+    storage = RunFolders.of(cfg).ray_train
     storage.fs.makedirs(storage.path(), exist_ok=True)
     return storage, pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(storage.fs))
 
 
 SCORE = "train_loss"  # what checkpoints are ranked by (lower is better)
+
+
+def _checkpoint_at(storage: Storage, checkpoint: Any) -> Storage:
+    """A Ray Train checkpoint as a Storage below the run's train storage (same filesystem and options)."""
+    return storage.child(checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
 
 
 def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
@@ -88,7 +94,8 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
 
 
 def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
-    """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, train.* but EXECUTION."""
+    """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, train.* but
+    EXECUTION."""
     train = {f"train.{k}": v for k, v in config["train"].items() if k not in EXECUTION}
     return {
         "data manifest sha256": manifest_sha256,
@@ -100,10 +107,9 @@ def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]
 
 def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) -> None:
     """A ValueError naming the differences when the run's latest checkpoint was trained with other settings or data."""
-    latest = storage.child(result.checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
-    saved = trained_with(latest.read_json("config.json"), latest.read_json("provenance.json")["data_manifest_sha256"])
-    manifest = PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options).manifest_bytes()
-    now = trained_with(cfg.public_dump(), hashlib.sha256(manifest).hexdigest())
+    latest = _checkpoint_at(storage, result.checkpoint)
+    saved = trained_with(latest.read_json(CONFIG_FILE), latest.read_json(PROVENANCE_FILE)["data_manifest_sha256"])
+    now = trained_with(cfg.public_dump(), PreparedOutput.of(cfg.data).manifest_sha256())
     changed = [
         f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now"
         for k in sorted(saved.keys() | now.keys())
@@ -111,17 +117,19 @@ def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) ->
     ]
     if changed:
         raise ValueError(
-            f"training run {cfg.name!r} under {storage.url} was trained with other settings or data ({'; '.join(changed)}); resuming or exporting "
-            f"it would pass its state off as this config's: set a new run name (name=...) to train anew, or go back to its settings"
+            f"training run {cfg.name!r} under {storage.url} was trained with other settings or data "
+            f"({'; '.join(changed)}); resuming or exporting it would pass its state off as this config's: set a new "
+            "run name (name=...) to train anew, or go back to its settings"
         )
 
 
 def check_resume(cfg: RaypipeConfig) -> None:
-    """Before training: a run Ray Train would restore (it has a recorded checkpoint) must have been trained with these settings."""
+    """Before training: a run Ray Train would restore (it has a recorded checkpoint) must have been trained with these
+    settings."""
     from ray.train import Result
-    from ray.train.v2._internal.constants import (
-        CHECKPOINT_MANAGER_SNAPSHOT_FILENAME,
-    )  # what Ray Train restores a run from
+
+    # What Ray Train restores a run from.
+    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
     storage, pyarrow_fs = _train_storage(cfg)
     storage.refresh()  # a killed run's workers wrote here from other processes
@@ -134,7 +142,7 @@ def check_resume(cfg: RaypipeConfig) -> None:
 def latest_checkpoint(cfg: RaypipeConfig) -> Storage:
     """The run's latest checkpoint: where a resumed run starts."""
     storage, result = _recorded(cfg)
-    return storage.child(result.checkpoint.path[len(storage.root.rstrip("/")) + 1 :])
+    return _checkpoint_at(storage, result.checkpoint)
 
 
 def best_checkpoint(cfg: RaypipeConfig) -> Storage:
@@ -147,14 +155,17 @@ def best_checkpoint(cfg: RaypipeConfig) -> Storage:
     ]
     if not scored:
         raise ValueError(
-            f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it was skipped as non-finite"
+            f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it "
+            "was skipped as non-finite"
         )
     best = min(scored, key=lambda sc: sc[0])[1]
-    return storage.child(best.path[len(storage.root.rstrip("/")) + 1 :])
+    return _checkpoint_at(storage, best)
 
 
 def run_config(cfg: RaypipeConfig) -> Any:
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
+
+    from raypipe.progress import verbose
 
     storage, pyarrow_fs = _train_storage(cfg)
     return RunConfig(
@@ -165,6 +176,10 @@ def run_config(cfg: RaypipeConfig) -> Any:
             num_to_keep=cfg.train.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"
         ),
         failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+        # Ray Train's INFO lines (state transitions, resources, checkpoints) only with --verbose (raypipe.progress).
+        logging_config=LoggingConfig(log_level="INFO" if verbose() else "WARNING"),
+        # Ray Train 2.60 sends a worker's print() both to its logger and, as Ray wraps stdout, to stdout: twice.
+        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
     )
 
 
@@ -200,7 +215,8 @@ def run_training(cfg: RaypipeConfig) -> Any:
     missing = open_rows(cfg).shards_needing_replies()  # fail here, not in every retried worker
     if missing:
         raise ValueError(
-            f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first (raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
+            f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first "
+            "(raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
         )
     return build_trainer(cfg).fit()
 
@@ -212,9 +228,8 @@ def build_trainer(cfg: RaypipeConfig) -> Any:
 
     return TorchTrainer(
         functools.partial(train_worker, {"config": cfg.model_dump()}),
-        torch_config=TorchConfig(
-            backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"
-        ),  # checkpoint gathers use CPU tensors
+        # Checkpoint gathers use CPU tensors.
+        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"),
         scaling_config=scaling_config(cfg),
         run_config=run_config(cfg),
     )

@@ -1,6 +1,6 @@
 """The ledger: what each rank trained between checkpoints, and the training curve.
 
-Written with each checkpoint under `{train.output}/ledger/{name}/`: per rank,
+Written with each checkpoint to the run's ledger folder (raypipe.layout): per rank,
 the sample ids trained since the previous checkpoint; on rank 0, the metrics
 of every logged interval. It is the audit trail of exactly-once (a resumed run
 drops the segments after its checkpoint and writes them again) and the
@@ -60,14 +60,12 @@ class Ledger:
                 self.storage.fs.rm(self.storage.path(later), recursive=True)
 
 
-def read_ledger(run: Storage, name: str, epoch: int) -> list[dict[str, Any]]:
-    """The ledger segments of run `name`'s epoch (what each rank trained, checkpoint to checkpoint)."""
-    return [json.loads(run.read(rel)) for rel in run.glob(f"ledger/{name}/epoch-{epoch:04d}/packs-*.json")]
+def read_ledger(ledger: Storage, epoch: int) -> list[dict[str, Any]]:
+    """The segments of one epoch in a run's ledger (what each rank trained, checkpoint to checkpoint)."""
+    return [json.loads(ledger.read(rel)) for rel in ledger.glob(f"epoch-{epoch:04d}/packs-*.json")]
 
 
-def read_training_curve(run: Storage, name: str) -> list[dict[str, float]]:
-    """Every logged interval's metrics of run `name` (rank 0's ledger entries), in step order."""
-    epochs = sorted(int(rel.rsplit("-", 1)[1]) for rel in run.glob(f"ledger/{name}/epoch-*"))
-    return sorted(
-        (s for e in epochs for seg in read_ledger(run, name, e) for s in seg["steps"]), key=lambda s: s["step"]
-    )
+def read_training_curve(ledger: Storage) -> list[dict[str, float]]:
+    """Every logged interval's metrics in a run's ledger (rank 0's entries), in step order."""
+    epochs = sorted(int(rel.rsplit("-", 1)[1]) for rel in ledger.glob("epoch-*"))
+    return sorted((s for e in epochs for seg in read_ledger(ledger, e) for s in seg["steps"]), key=lambda s: s["step"])

@@ -8,10 +8,12 @@
    embedding and heads in bf16 on GPUs, wrapped for DDP or FSDP2 (bf16
    parameters, fp32 gradient reduction), optimizer and schedule, restored
    from the last checkpoint if the worker group restarted.
-4. Steps (`Trainer.run`): hidden states of the next `prefetch` steps are in
-   flight; a background thread packs each step and copies it to the device
-   (raypipe.train.batches); metrics stay on the device until every
-   `log_every` steps (raypipe.train.metrics).
+4. Steps (`Trainer.run`, one `Trainer.train_one` each): hidden states of
+   the next `prefetch` steps are in flight; a background thread packs each
+   step and copies it to the device (raypipe.train.batches); metrics stay on
+   the device until every `log_every` steps (raypipe.train.metrics), when
+   rank 0 prints one progress line and sets the Prometheus metrics and the
+   experiment trackers (raypipe.train.trackers).
 5. Checkpoints every `checkpoint_every` steps, at each epoch end and at the
    end, with the ledger of the samples trained since the last one
    (raypipe.train.ledger). A restarted group resumes at the checkpoint's data
@@ -41,6 +43,8 @@ import torch.distributed as dist
 
 from raypipe import __version__
 from raypipe.config import RaypipeConfig
+from raypipe.layout import RunFolders
+from raypipe.progress import duration, quiet_train_worker
 from raypipe.serve.transport import reclaim_orphans, release_owner
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
@@ -48,26 +52,29 @@ from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from raypipe.train.drafter import build_drafter, step_kwargs
 from raypipe.train.ledger import Ledger
-from raypipe.train.metrics import StepMetrics, TrainMetrics
+from raypipe.train.metrics import StepMetrics, TrainMetrics, tracked
 from raypipe.train.plan import EpochPlan, lr_factor, plan_epoch
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
+from raypipe.train.trackers import Trackers
 
 
 def stop_if_diverged(m: dict[str, float], cfg: RaypipeConfig, step: int) -> None:
-    """Stop the run once `train.max_nonfinite_steps` steps in a row were skipped as non-finite (`m`: a reduced interval)."""
+    """Stop the run once `train.max_nonfinite_steps` steps in a row were skipped as non-finite (`m`: a reduced
+    interval)."""
     tc = cfg.train
     if m["nonfinite_run"] >= tc.max_nonfinite_steps:
         raise ValueError(
-            f"{m['nonfinite_run']:.0f} optimizer steps in a row up to step {step} had a NaN or Inf loss or gradient norm and were skipped "
-            f"(train.max_nonfinite_steps={tc.max_nonfinite_steps}); nothing after the last checkpoint is kept. Lower train.lr (now {tc.lr}) "
-            f"or train.grad_clip, or look for broken rows in the prepared data ({cfg.data.output})"
+            f"{m['nonfinite_run']:.0f} optimizer steps in a row up to step {step} had a NaN or Inf loss or gradient "
+            f"norm and were skipped (train.max_nonfinite_steps={tc.max_nonfinite_steps}); nothing after the last "
+            f"checkpoint is kept. Lower train.lr (now {tc.lr}) or train.grad_clip, or look for broken rows in the "
+            f"prepared data ({cfg.data.output})"
         )
 
 
 class Worker:
-    """What a worker knows before it trains: its rank, device, target, data and service client."""
+    """What a worker knows before it trains: its rank, device, target, run folders, data and service client."""
 
     def __init__(self, cfg: RaypipeConfig) -> None:
         import ray.train
@@ -77,12 +84,13 @@ class Worker:
         from raypipe.serve.client import HiddenStateClient
         from raypipe.serve.deployment import APP_NAME
 
+        quiet_train_worker()
         self.cfg = cfg
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
         self.device = get_device()
         self.target: Target = resolve_target(cfg.serve)  # builtin targets are built on each node
-        self.run = Storage(cfg.train.output, cfg.train.storage_options)
+        self.folders = RunFolders.of(cfg)  # train.output arrives absolute (raypipe.train.launcher)
         self.rows = open_rows(cfg, cache_shards=cfg.train.shuffle_window + 1)
         reclaim_orphans()  # state files handed to a previous attempt's trainers on this node
         self.client = (
@@ -97,7 +105,8 @@ def load_replies(w: Worker) -> None:
     missing = w.rows.shards_needing_replies()
     if missing:
         raise ValueError(
-            f"{len(missing)} prepared shards have needs_response rows without stored replies; run the reply pass first (raypipe.train.replies.run_replies)"
+            f"{len(missing)} prepared shards have needs_response rows without stored replies; run the reply pass "
+            "first (raypipe.train.replies.run_replies)"
         )
     w.rows.load_replies()
 
@@ -128,7 +137,7 @@ class Trainer:
             self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio)
         )
         self.state = TrainingState()
-        self.ledger = Ledger(w.run.child(f"ledger/{w.cfg.name}"), w.rank)
+        self.ledger = Ledger(w.folders.ledger, w.rank)
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
@@ -153,6 +162,8 @@ class Trainer:
             else None
         )
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
+        self.trackers = Trackers.start(w.cfg) if w.rank == 0 else None  # beside the Prometheus metrics
+        self.started = (time.perf_counter(), self.state.step)  # the progress lines' rate and ETA
         self.metrics = StepMetrics(w.device)
         self.since_checkpoint = {
             "loss": 0.0,
@@ -161,9 +172,7 @@ class Trainer:
         }  # loss weighted by the steps that trained
         self.kwargs = step_kwargs(tc)
         self.autocast, self.states_dtype = precision(w.device)
-        torch.manual_seed(
-            tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step
-        )  # anchors differ per rank and step, reproducibly
+        torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors per rank and step
 
     def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
         """This rank's packs of `count` steps from `cursor`; a rank without a pack in the epoch's last step repeats its
@@ -179,9 +188,8 @@ class Trainer:
         """Each step with its rows' hidden states, requested `prefetch` steps ahead."""
         for_ids, for_rows = itertools.tee(steps)
         packs = ([r.input_ids for r in step.rows] for step in for_ids)
-        return zip(
-            for_rows, stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses)
-        )
+        states = stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses)
+        return zip(for_rows, states, strict=True)
 
     def log(self, lr: float) -> dict[str, float]:
         """Reduce the interval's metrics (a collective), then report them from rank 0; stop a run that no longer learns
@@ -200,20 +208,29 @@ class Trainer:
             wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
             tokens_per_s=m["tokens"] / max(m["step_s"] / self.w.world, 1e-9),
         )
-        if self.prometheus is not None:
+        if self.prometheus is not None and self.trackers is not None:
             self.prometheus.record(m)
+            self.trackers.log(tracked(m), self.state.step)
             self.ledger.log(m)
-            skipped = f" skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
-            print(
-                f"[train] step {self.state.step}/{self.total_steps} epoch {self.state.epoch} loss {m['loss']:.4f} tau~{m['tau_estimate']:.2f} "
-                f"{m['tokens_per_s']:.0f} tok/s wait {100 * m['wait_fraction']:.1f}%{skipped}",
-                flush=True,
-            )
+            print(self.progress_line(m), flush=True)
         return m
 
+    def progress_line(self, m: dict[str, float]) -> str:
+        """One line per logged interval (rank 0): where the run is, how it learns, how fast, how long it has left."""
+        step, total = self.state.step, self.total_steps
+        since, first = self.started
+        rate = (step - first) / max(time.perf_counter() - since, 1e-9)
+        skipped = f", skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
+        return (
+            f"[train] step {step}/{total} ({100 * step / total:.0f}%) epoch {self.state.epoch}: loss {m['loss']:.4f}, "
+            f"τ~{m['tau_estimate']:.2f}, {m['tokens_per_s']:.0f} tok/s, wait {100 * m['wait_fraction']:.0f}%{skipped}; "
+            f"{rate:.2f} steps/s, {duration((total - step) / rate) if rate > 0 else '?'} left"
+        )
+
     def checkpoint(self, m: dict[str, float]) -> None:
-        """Ledger, then checkpoint, scored by `train_loss` (the mean training loss of the steps since the last checkpoint,
-        NaN when every one was skipped, which Ray Train ranks last); report() is a barrier costing seconds, so it is only called here."""
+        """Ledger, then checkpoint, scored by `train_loss` (the mean training loss of the steps since the last
+        checkpoint, NaN when every one was skipped, which Ray Train ranks last); report() is a barrier costing
+        seconds, so it is only called here."""
         import ray.train
 
         self.ledger.flush(self.state.cursor)
@@ -237,51 +254,59 @@ class Trainer:
             )
             self.since_checkpoint = {"loss": 0.0, "trained": 0.0, "nonfinite_steps": 0.0}
             ray.train.report(report, checkpoint=ray.train.Checkpoint.from_directory(tmp) if self.w.rank == 0 else None)
+        if self.trackers is not None:
+            self.trackers.checkpoint()
 
     def run(self) -> None:
-        tc, state = self.tc, self.state
-        while state.epoch < tc.epochs and state.step < self.total_steps:
+        """Every epoch from where the restored state stopped, to the end of the epochs or of `total_steps`."""
+        state = self.state
+        while state.epoch < self.tc.epochs and state.step < self.total_steps:
             plan = self.plans[state.epoch]
             count = min(plan.steps(self.w.world, state.cursor), self.total_steps - state.step)
             self.model.train()
+            steps = self.with_states(self.steps_of_epoch(plan, state.cursor, count))
             tick = time.perf_counter()
-            for step, batch in DeviceFeeder(
-                self.with_states(self.steps_of_epoch(plan, state.cursor, count)), self.w.device, self.states_dtype
-            ):
-                waited = time.perf_counter() - tick
-                lr = self.optimizer.param_groups[0]["lr"]
-                weight = 1.0 if step.index is not None else 0.0
-                model_metrics = train_step(
-                    self.model,
-                    self.params,
-                    self.optimizer,
-                    self.scheduler,
-                    batch,
-                    self.kwargs,
-                    tc.grad_clip,
-                    weight,
-                    self.autocast,
-                )
-                cursor_before = state.cursor
-                state.step += 1
-                state.cursor = min(state.cursor + self.w.world, len(plan.packs))
-                tokens = float(batch["input_ids"].shape[1]) if step.index is not None else 0.0
-                self.metrics.add(
-                    model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - tick, **step.sources
-                )
-                self.ledger.add(
-                    state.epoch, cursor_before, [r.sample_id for r in step.rows] if step.index is not None else []
-                )
-                at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
-                checkpoint = state.step % tc.checkpoint_every == 0 or at_end
-                if state.step % tc.log_every == 0 or checkpoint:
-                    m = self.log(lr)
-                    if checkpoint:
-                        self.checkpoint(m)
+            for step, batch in DeviceFeeder(steps, self.w.device, self.states_dtype):
+                self.train_one(plan, step, batch, started=tick, waited=time.perf_counter() - tick)
                 tick = time.perf_counter()
             if state.cursor >= len(plan.packs):
                 state.epoch += 1
                 state.cursor = 0
+        if self.trackers is not None:
+            self.trackers.close()
+
+    def train_one(
+        self, plan: EpochPlan, step: Step, batch: dict[str, torch.Tensor], started: float, waited: float
+    ) -> None:
+        """One optimizer step (at zero weight for a rank's padding step), counted in the metrics and the ledger; then
+        the log and the checkpoint when due."""
+        tc, state = self.tc, self.state
+        lr = self.optimizer.param_groups[0]["lr"]
+        real = step.index is not None
+        model_metrics = train_step(
+            self.model,
+            self.params,
+            self.optimizer,
+            self.scheduler,
+            batch,
+            self.kwargs,
+            tc.grad_clip,
+            1.0 if real else 0.0,
+            self.autocast,
+        )
+        self.ledger.add(state.epoch, state.cursor, [r.sample_id for r in step.rows] if real else [])
+        state.step += 1
+        state.cursor = min(state.cursor + self.w.world, len(plan.packs))
+        tokens = float(batch["input_ids"].shape[1]) if real else 0.0
+        self.metrics.add(
+            model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - started, **step.sources
+        )
+        at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
+        checkpoint = state.step % tc.checkpoint_every == 0 or at_end
+        if state.step % tc.log_every == 0 or checkpoint:
+            m = self.log(lr)
+            if checkpoint:
+                self.checkpoint(m)
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:

@@ -41,7 +41,8 @@ class StepMetrics:
     def add(self, model_metrics: dict[str, torch.Tensor], **host: float) -> None:
         """One step: device tensors stay on the device (no host sync), host values are summed on the host.
 
-        `model_metrics` is what train_step returns: the drafter's metrics and the skip flag (absent: the step trained)."""
+        `model_metrics` is what train_step returns: the drafter's metrics and the skip flag (absent: the step
+        trained)."""
         drafter = {k: v for k, v in model_metrics.items() if k != NONFINITE}
         if self.keys is None:
             self.keys = sorted(drafter)
@@ -124,3 +125,11 @@ class TrainMetrics:
         for key, value in m.items():
             if key.startswith("acc_pos_"):
                 self.accuracy.set(value, {**self.tags, "position": key[len("acc_pos_") :]})
+
+
+def tracked(m: dict[str, Any]) -> dict[str, float]:
+    """A logged interval as the experiment trackers get it (raypipe.train.trackers): the values the Prometheus metrics
+    above are set to, named without their `raypipe_train_` prefix, accuracy by position as `accuracy/{position}`."""
+    out = {k: float(m[k]) for k in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "nonfinite_steps")}
+    out.update({f"accuracy/{k[len('acc_pos_') :]}": float(v) for k, v in m.items() if k.startswith("acc_pos_")})
+    return out

@@ -27,7 +27,8 @@ from typing import Any
 
 from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
-from raypipe.storage import Storage, absolute
+from raypipe.layout import RunFolders
+from raypipe.progress import progress
 from raypipe.train.rows import PreparedRows
 
 
@@ -44,8 +45,8 @@ def reply_sampling(cfg: RaypipeConfig, end_of_turn_id: int) -> dict[str, Any]:
 def open_rows(cfg: RaypipeConfig, cache_shards: int = 8) -> PreparedRows:
     """The prepared rows with the run's replies directory; its meta checked against this config (written if new)."""
     rows = PreparedRows(
-        PreparedOutput(absolute(cfg.data.output), cfg.data.storage_options),
-        Storage(absolute(cfg.train.output), cfg.train.storage_options).child("replies"),
+        PreparedOutput.of(cfg.data),
+        RunFolders.of(cfg).replies,
         cfg.data.max_length,
         cache_shards=cache_shards,
     )
@@ -104,7 +105,8 @@ def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator
             waiting[actor.write.remote(shard)] = (shard, actor, time.monotonic())
         if not waiting:
             raise ValueError(
-                f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has a Serve replica's resources free"
+                f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has "
+                "a Serve replica's resources free"
             )
         oldest = min(since for _, _, since in waiting.values())
         ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(0.0, oldest + timeout_s - time.monotonic()))
@@ -119,8 +121,9 @@ def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator
         stuck = sorted(shard for shard, _, since in waiting.values() if shard is not None and now - since >= timeout_s)
         if stuck:
             raise ValueError(
-                f"the reply pass is stuck: shard {', '.join(map(str, stuck))} has had no replies for train.reply_timeout_s={timeout_s:g} s; its engine "
-                f"hangs or the shard needs longer (raise train.reply_timeout_s). Shards done so far are stored, and a re-run does only the rest"
+                f"the reply pass is stuck: shard {', '.join(map(str, stuck))} has had no replies for "
+                f"train.reply_timeout_s={timeout_s:g} s; its engine hangs or the shard needs longer (raise "
+                "train.reply_timeout_s). Shards done so far are stored, and a re-run does only the rest"
             )
         for ref in [ref for ref, (shard, _, since) in waiting.items() if shard is None and now - since >= timeout_s]:
             del waiting[ref]  # an engine that did not start: the others take its shards
@@ -130,6 +133,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     """Generate the replies of every shard that lacks them; returns counts (nothing to do when all are stored)."""
     import ray
 
+    from raypipe.node_memory import check_engine_memory
     from raypipe.serve.deployment import replica_resources
 
     rows = open_rows(cfg)
@@ -137,8 +141,11 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     if not todo:
         return {"shards": 0, "replies": 0, "tokens": 0}
     engines = min(cfg.serve.max_replicas, len(todo))
+    check_engine_memory(cfg.serve, engines)  # before any engine starts, with the numbers if they cannot fit
+    wanted = sum(int(rows.needs_response[rows.offsets[s] : rows.offsets[s + 1]].sum()) for s in todo)
     print(
-        f"[replies] {len(todo)} shards need on-policy replies: {engines} vLLM engine(s), up to {cfg.train.reply_max_sequences} sequences each",
+        f"[replies] {wanted} on-policy replies to generate ({len(todo)} shards): {engines} vLLM engine(s), up to "
+        f"{cfg.train.reply_max_sequences} sequences each",
         flush=True,
     )
     options = {
@@ -148,14 +155,14 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     writer = ray.remote(**options)(ReplyWriter)
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
     start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
+    bar = progress(wanted, "[replies] generating", "replies")  # a shard's replies at once, engines' start included
     try:
-        for done, (shard, n, t, seconds) in enumerate(_written(actors, todo, cfg.train.reply_timeout_s), 1):
+        for _, n, t, seconds in _written(actors, todo, cfg.train.reply_timeout_s):
             replies, tokens, busy = replies + n, tokens + t, busy + seconds
-            print(
-                f"[replies] shard {shard} done ({done}/{len(todo)}): {replies} replies, {tokens * engines / busy:.0f} tokens/s while generating",
-                flush=True,
-            )
+            bar.set_postfix_str(f"{tokens * engines / busy:.0f} tokens/s generating", refresh=False)
+            bar.update(n)
     finally:
+        bar.close()
         for actor in actors:
             ray.kill(actor)  # their CPUs or GPUs go to the service and the trainers
     # seconds: wall time with the engines' start; generating_s: summed over engines, shard generation and writing only

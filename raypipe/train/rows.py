@@ -97,9 +97,10 @@ class PreparedRows:
         found = hashlib.sha256(data).hexdigest()
         if found != entry["sha256"]:
             raise ValueError(
-                f"prepared shard {self.prepared.url}/{entry['file']} does not match manifest.json (sha256 {found[:16]}..., recorded "
-                f"{entry['sha256'][:16]}...): it changed or was corrupted after the data stage. Delete stats/{shard_name(shard)}.json and "
-                f"manifest.json there and re-run `raypipe prepare` with the same config: it rewrites that shard"
+                f"prepared shard {self.prepared.url}/{entry['file']} does not match manifest.json (sha256 "
+                f"{found[:16]}..., recorded {entry['sha256'][:16]}...): it changed or was corrupted after the data "
+                f"stage. Delete stats/{shard_name(shard)}.json and manifest.json there and re-run `raypipe prepare` "
+                "with the same config: it rewrites that shard"
             )
         return data
 
@@ -113,7 +114,8 @@ class PreparedRows:
             found = self.replies.read_json("meta.json")
             if found != meta:
                 raise ValueError(
-                    f"{self.replies.url} holds replies made with {found}, not {meta}; use a new train.output or delete its replies/"
+                    f"{self.replies.url} holds replies made with {found}, not {meta}; use a new train.output or delete "
+                    "its replies/"
                 )
         elif write:
             self.replies.write_json("meta.json", meta)
@@ -148,7 +150,7 @@ class PreparedRows:
             table = pq.read_table(io.BytesIO(self.replies.read(f"{shard_name(shard)}.parquet")))
             self._replies[shard] = {
                 int(r): np.asarray(ids, np.int64)
-                for r, ids in zip(table.column("row").to_pylist(), table.column("reply_ids").to_pylist())
+                for r, ids in zip(table.column("row").to_pylist(), table.column("reply_ids").to_pylist(), strict=True)
             }
             missing = [
                 self.sample_ids[i]

@@ -1,4 +1,5 @@
-"""The demo target is worth drafting for: its greedy replies vary with the prompt and a bigram model cannot predict them."""
+"""The demo target is worth drafting for: its greedy replies vary with the prompt and a bigram model cannot predict
+them."""
 
 from __future__ import annotations
 

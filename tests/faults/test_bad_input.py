@@ -161,7 +161,8 @@ def test_per_turn_rows_that_fit_are_tokenized_piece_by_piece_as_before(tmp_path)
 
 
 def test_a_long_per_turn_conversation_tokenizes_only_what_fits(tmp_path):
-    """60 long exchanges under a history-rewriting template: every turn's prompt is past max_length, nothing is tokenized whole."""
+    """60 long exchanges under a history-rewriting template: every turn's prompt is past max_length, nothing is
+    tokenized whole."""
     words = " ".join(f"w{i:05d}" for i in range(700))
     messages = [
         m for _ in range(60) for m in ({"role": "user", "content": words}, {"role": "assistant", "content": words})

@@ -31,7 +31,8 @@ def service(ray_cluster, tiny_target):
 
 
 def test_states_through_serve_equal_the_engine_on_both_paths(service, tiny_target, ray_cluster):
-    """From this node the states come as files this process owns; a caller elsewhere gets arrays. No tensor is pickled."""
+    """From this node the states come as files this process owns; a caller elsewhere gets arrays. No tensor is
+    pickled."""
     reference = TransformersEngine(tiny_target, tuple(LAYERS))
     where = {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
     batches = [[list(range(100 + i, 120 + 3 * i))] for i in range(12)]
@@ -86,7 +87,7 @@ def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_s
         assert handle.stats.remote().result()["canary"].startswith("canary ok")
         batch = [list(range(300, 340)), [9707, 1879]]
         got = handle.extract.remote(batch).result()
-        for seq, g, r in zip(batch, got, TransformersEngine(tiny_target, tuple(LAYERS)).extract(batch)):
+        for g, r in zip(got, TransformersEngine(tiny_target, tuple(LAYERS)).extract(batch)):
             torch.testing.assert_close(as_tensor(g), r, rtol=1e-4, atol=1e-5)
         assert handle.canary.remote().result().startswith("canary ok")
         reply = handle.generate.remote([[9707, 1879]], {"max_tokens": 5}).result()

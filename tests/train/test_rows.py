@@ -41,7 +41,8 @@ ROWS = [
 
 
 def _prepared(root: Path, shards: list[list[dict]] = ROWS) -> PreparedOutput:
-    """By default two shards: a trained row and a prompt-only row (prompt 3 tokens + placeholder 2) in the first, one row in the second."""
+    """By default two shards: a trained row and a prompt-only row (prompt 3 tokens + placeholder 2) in the first, one
+    row in the second."""
     files = []
     for i, shard in enumerate(shards):
         table = pa.Table.from_pylist(
@@ -111,7 +112,7 @@ def test_replies_of_another_target_or_sampling_are_refused(tmp_path: Path) -> No
 
 def test_missing_prepared_data_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="raypipe prepare"):
-        PreparedOutput(str(tmp_path), {}).read_manifest()
+        PreparedOutput(str(tmp_path), {}).manifest_bytes()
 
 
 def test_state_cache_keys_by_tokens_and_refuses_other_layers(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import ray
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from raypipe.eval.spec_decode import generate_in_vllm
+from raypipe.layout import RunFolders
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import reclaim_orphans
@@ -40,7 +42,8 @@ def train(cfg):
 
 
 def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
-    """Train while a thread calls `strike` every 0.2 s (up to 600 s) until it returns what it did; returns (result, that)."""
+    """Train while a thread calls `strike` every 0.2 s (up to 600 s) until it returns what it did; returns (result,
+    that)."""
     struck: dict = {}
 
     def watch() -> None:
@@ -60,13 +63,19 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     ray_cluster: str, prepared: Path, service, tmp_path: Path
 ) -> None:
     cfg = run_config(
-        prepared, tmp_path, "train.max_steps=200", "train.epochs=20", "train.checkpoint_every=100", "train.log_every=5"
+        prepared,
+        tmp_path,
+        "train.max_steps=200",
+        "train.epochs=20",
+        "train.checkpoint_every=100",
+        "train.log_every=5",
+        "train.trackers=[tensorboard]",
     )
     result = train(cfg)
     assert result.error is None
-    run = Storage(cfg.train.output, {})
-    steps = read_training_curve(run, cfg.name)
-    # One reduction per 5 steps, and at each checkpoint (every 100 steps and each epoch's end); every step in one interval.
+    steps = read_training_curve(RunFolders.of(cfg).ledger)
+    # One reduction per 5 steps, and at each checkpoint (every 100 steps and each epoch's end); every step in one
+    # interval.
     assert (
         steps[-1]["step"] == 200 and sum(s["steps"] for s in steps) == 200 and all(0 < s["steps"] <= 5 for s in steps)
     )
@@ -81,6 +90,10 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     ]
     exported = scrape_metrics(ray_cluster, names)
     assert all(exported.values()), f"not exported: {[n for n, v in exported.items() if not v]}"
+    # TensorBoard got the same intervals from rank 0.
+    events = EventAccumulator(RunFolders.of(cfg).tensorboard.url, size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(s["step"], pytest.approx(s["loss"])) for s in steps]
     # Every needs_response row got an on-policy reply, stored once for later epochs.
     replies = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
     manifest = json.loads((Path(cfg.data.output) / "manifest.json").read_text())
@@ -125,14 +138,15 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     prepared: Path, service, tmp_path: Path
 ) -> None:
     cfg = run_config(prepared, tmp_path, "train.epochs=2", "train.checkpoint_every=8", "train.max_failures=2")
-    run = Storage(cfg.train.output, {})
+    run = RunFolders.of(cfg)
 
     def kill_a_worker_after_a_committed_checkpoint() -> dict | None:
-        # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes on).
-        segments = run.glob(f"ledger/{cfg.name}/epoch-0000/*.rank-0001.json") if run.exists("ledger") else []
+        # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes
+        # on).
+        segments = run.ledger.glob("epoch-0000/*.rank-0001.json") if run.root.exists("ledger") else []
         if len(segments) < 2:
             return None
-        first, second = run.read_json(segments[0]), run.read_json(segments[1])
+        first, second = run.ledger.read_json(segments[0]), run.ledger.read_json(segments[1])
         os.kill(second["pid"], signal.SIGKILL)
         return {"pid": second["pid"], "committed": first["packs"][1], "cursor": second["packs"][1]}
 
@@ -141,22 +155,23 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     expected = Counter(_all_sample_ids(cfg))
     assert max(expected.values()) == 1
     for epoch in range(cfg.train.epochs):
-        segments = read_ledger(run, cfg.name, epoch)
+        segments = read_ledger(run.ledger, epoch)
         trained = Counter(sid for seg in segments for sid in seg["sample_ids"])
         assert trained == expected, (
             f"epoch {epoch}: missing {len(expected - trained)}, repeated {len(trained - expected)}"
         )
-    epoch0 = sorted(read_ledger(run, cfg.name, 0), key=lambda s: s["packs"])
+    epoch0 = sorted(read_ledger(run.ledger, 0), key=lambda s: s["packs"])
     packs = epoch0[-1]["packs"][1]
     assert 0 < killed["cursor"] < packs, "the kill must land mid-epoch"
-    # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted group.
+    # The first attempt's work up to its committed checkpoint was kept; what followed was trained by the restarted
+    # group.
     assert killed["pid"] in {s["pid"] for s in epoch0 if s["packs"][1] <= killed["committed"]}
     assert killed["pid"] not in {s["pid"] for s in epoch0 if s["packs"][0] >= killed["cursor"]}
     # The killed trainer's prefetched states were handed to it as files; the restarted workers reclaimed them.
     assert not list(Path("/dev/shm").glob(f"raypipe-states-*/owner-{killed['pid']}")), (
         "states of the killed trainer were left behind"
     )
-    curve = read_training_curve(run, cfg.name)
+    curve = read_training_curve(run.ledger)
     logged = [s["step"] for s in curve]
     # Steps after the checkpoint were replayed, not skipped or doubled: every step is in exactly one logged interval.
     assert logged == sorted(set(logged)) and sum(s["steps"] for s in curve) == logged[-1]
@@ -166,25 +181,25 @@ def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
     prepared: Path, service, tmp_path: Path
 ) -> None:
     cfg = run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6")
-    run = Storage(cfg.train.output, {})
+    run = RunFolders.of(cfg)
     replica = service.stats.remote().result()["pid"]
 
     def kill_the_replica_mid_epoch() -> dict | None:
-        if not (run.exists("ledger") and run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")):
+        if not (run.root.exists("ledger") and run.ledger.glob("epoch-0000/*.json")):
             return None
         os.kill(replica, signal.SIGKILL)
-        return {"at": run.glob(f"ledger/{cfg.name}/epoch-0000/*.json")}
+        return {"at": run.ledger.glob("epoch-0000/*.json")}
 
     result, killed = train_while(cfg, kill_the_replica_mid_epoch)
     assert result.error is None and killed
     assert (
         service.stats.remote().result()["pid"] != replica
     )  # Serve replaced it; the client resubmitted what was in flight
-    trained = Counter(sid for seg in read_ledger(run, cfg.name, 0) for sid in seg["sample_ids"])
+    trained = Counter(sid for seg in read_ledger(run.ledger, 0) for sid in seg["sample_ids"])
     assert trained == Counter(_all_sample_ids(cfg)), "a sample was lost or repeated"
     # What a replica does every minute, once this run's trainer processes have exited (Ray ends them after the run
     # returns): the dead replica's files and whatever was handed to those trainers and never read are removed.
-    trainers = {seg["pid"] for seg in read_ledger(run, cfg.name, 0)}
+    trainers = {seg["pid"] for seg in read_ledger(run.ledger, 0)}
     deadline = time.monotonic() + 60
     while any(_running(pid) for pid in trainers) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -206,9 +221,9 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
     ]
     cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
     assert train(cfg).error is None
-    run = Storage(cfg.train.output, s3_server)
-    assert [s["step"] for s in read_training_curve(run, cfg.name)] == [3, 6]  # metrics reduced at each checkpoint
-    assert run.glob(f"ray_train/{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
+    run = RunFolders.of(cfg)
+    assert [s["step"] for s in read_training_curve(run.ledger)] == [3, 6]  # metrics reduced at each checkpoint
+    assert run.ray_train.glob(f"{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
     cached = Storage(cfg.train.cache, s3_server).glob("*/*.pt")
     assert len(cached) > 0
     export = export_drafter(cfg)
@@ -218,7 +233,7 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
     before = service.stats.remote().result()["requests"]
     offline = run_config(prepared, tmp_path, *common, "name=debug_cpu_offline", "train.hidden_states=offline")
     assert train(offline).error is None
-    assert [s["step"] for s in read_training_curve(run, offline.name)] == [3, 6]
+    assert [s["step"] for s in read_training_curve(RunFolders.of(offline).ledger)] == [3, 6]
     assert service.stats.remote().result()["requests"] == before
     assert Storage(cfg.train.cache, s3_server).glob("*/*.pt") == cached
 

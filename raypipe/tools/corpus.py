@@ -1,4 +1,4 @@
-"""Synthetic reference corpus: the 913,786-sample chat mix the data stage is sized for.
+"""Synthetic reference corpus: the 913,786-sample chat mix the data stage is sized for (`raypipe corpus`).
 
 Benchmarks and end-to-end tests need input shaped like the real mix (800K prompt-only
 requests plus multi-turn chats, tool calls, long agentic coding traces and Alpaca rows)
@@ -21,9 +21,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from raypipe.data.formats import FORMATS
+
 REFERENCE_SAMPLES = 913_786
 
-FORMATS = ("openai", "sharegpt", "alpaca")
 CATEGORIES = ("prompt_only", "multi_turn", "tool_calling", "agentic_coding", "alpaca")
 
 # Full-scale counts of everything but prompt-only; prompt-only takes the rest (800,000).

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from raypipe.data.corpus import (
+from raypipe.data.formats import FORMATS
+from raypipe.tools.corpus import (
     CATEGORIES,
-    FORMATS,
     REFERENCE_SAMPLES,
     CorpusSpec,
     category_counts,

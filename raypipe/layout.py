@@ -1,0 +1,74 @@
+"""A run's folders under `train.output`, named in one place.
+
+    {train.output}/
+      pipeline/{stage}.json  completion records of the one-job pipeline (raypipe.pipeline)
+      replies/               on-policy replies of needs_response rows (raypipe.train.replies)
+      ray_train/{name}/      Ray Train's run: its state and checkpoints (raypipe.train.launcher)
+      ledger/{name}/         what each rank trained, and the training curve (raypipe.train.ledger)
+      tensorboard/{name}/    TensorBoard's event files, with `train.trackers: [tensorboard]` (raypipe.train.trackers)
+      mlflow/, wandb/        MLflow's file store and W&B's offline runs, when their trackers write locally
+      drafter/               the exported drafter (raypipe.train.export)
+      eval/                  eval.json and plots, unless `eval.output` is set (raypipe.eval.evaluate)
+
+The prepared data (`data.output`, raypipe.data.output) and the state cache
+(`train.cache`, raypipe.train.states) have settings of their own. A local
+`train.output` is made absolute: Ray Train runs each worker in its own
+working directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raypipe.config import RaypipeConfig
+from raypipe.storage import Storage, absolute
+
+
+@dataclass(frozen=True)
+class RunFolders:
+    root: Storage  # train.output
+    name: str  # the run's name: runs of several names share train.output
+
+    @classmethod
+    def of(cls, cfg: RaypipeConfig) -> RunFolders:
+        return cls(Storage(absolute(cfg.train.output), cfg.train.storage_options), cfg.name)
+
+    @property
+    def stages(self) -> Storage:
+        return self.root.child("pipeline")
+
+    @property
+    def replies(self) -> Storage:
+        return self.root.child("replies")
+
+    @property
+    def ray_train(self) -> Storage:
+        """Ray Train's storage path; it keeps each run under its name."""
+        return self.root.child("ray_train")
+
+    @property
+    def ledger(self) -> Storage:
+        return self.root.child(f"ledger/{self.name}")
+
+    @property
+    def tensorboard(self) -> Storage:
+        return self.root.child(f"tensorboard/{self.name}")
+
+    @property
+    def mlflow(self) -> Storage:
+        return self.root.child("mlflow")
+
+    @property
+    def export(self) -> Storage:
+        return self.root.child("drafter")
+
+    @property
+    def eval(self) -> Storage:
+        return self.root.child("eval")
+
+
+def eval_output(cfg: RaypipeConfig) -> Storage:
+    """Where the evaluation writes: `eval.output`, else the run's eval/."""
+    if cfg.eval.output:
+        return Storage(absolute(cfg.eval.output), cfg.train.storage_options)
+    return RunFolders.of(cfg).eval

@@ -1,0 +1,55 @@
+"""`raypipe doctor` as a user runs it: a row per check, and a failing check's fix with a non-zero exit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ROWS = ["ray", "vllm", "torch", "memory node 0", "engines fit", "/dev/shm", "port 6379", "port 8265", "port 8000"]
+ROWS += ["token auth", "storage data.output", "storage train.output"]  # then "memory node 1"... on NUMA machines
+
+
+def doctor(*overrides: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+    """(exit status, {check: (PASS or FAIL, detail or fix)}, output) of `raypipe doctor --recipe demo`."""
+    out = subprocess.run(
+        [sys.executable, "-m", "raypipe.cli", "doctor", "--recipe", "demo", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _, header, *lines, _ = out.stdout.splitlines()  # title, header, rows, summary
+    column = header.index("result")
+    rows: dict[str, tuple[str, str]] = {}
+    for line in lines:
+        name, text = line[:column].strip(), line[column + 8 :]
+        if name:
+            last, rows[name] = name, (line[column : column + 4], text)
+        else:  # the fix under a failed row
+            rows[last] = (rows[last][0], text)
+    return out.returncode, rows, out.stdout + out.stderr
+
+
+def test_doctor_prints_each_check_of_the_demo_recipe(tmp_path):
+    status, rows, out = doctor(f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train")
+    assert [r for r in rows if not r.startswith("memory node ")] == [r for r in ROWS if r != "memory node 0"], out
+    assert "memory node 0" in rows and rows["engines fit"][1].startswith("1 vLLM engine(s) need "), out
+    assert rows["ray"][0] == rows["torch"][0] == "PASS", out
+    assert rows["storage data.output"][0] == rows["storage train.output"][0] == "PASS", out
+    failed = [name for name, (result, _) in rows.items() if result == "FAIL"]
+    assert status == (1 if failed else 0), out
+    assert all(rows[name][1].startswith("fix: ") for name in failed), out
+    assert out.splitlines()[-1] == f"{len(rows)} checks, {len(failed)} failed"
+
+
+def test_unreachable_storage_fails_and_names_the_fix(tmp_path):
+    (tmp_path / "a_file").write_text("")
+    status, rows, out = doctor(f"data.output={tmp_path}/a_file/prepared", f"train.output={tmp_path}/train")
+    assert status == 1, out
+    assert rows["storage data.output"] == (
+        "FAIL",
+        "fix: set data.output to a place this machine can write (and its storage_options for a URL)",
+    ), out
+    assert rows["storage train.output"][0] == "PASS", out
