@@ -59,22 +59,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from raypipe.config import load_config
-    from raypipe.serve.deployment import ensure_service
+    from raypipe.pipeline import train_stage
     from raypipe.train.export import export_drafter
-    from raypipe.train.launcher import run_training
-    from raypipe.train.replies import run_replies
 
     cfg = load_config(args.recipe, args.overrides)
     _connect_ray(args)
-    run_replies(cfg)  # before the service: the reply engines take the Serve GPUs
-    if cfg.train.hidden_states != "offline":
-        print("[train] attaching to (or starting) the hidden-state service", flush=True)
-        ensure_service(cfg.serve)
-    result = run_training(cfg)
-    if result.error is not None:
-        raise RuntimeError(f"training failed: {result.error}")
+    m = train_stage(cfg)
     doc = export_drafter(cfg)
-    m = result.metrics
     print(f"[train] done: step {m['step']}, loss {m['loss']:.4f}, τ~{m['tau_estimate']:.2f} (the last interval)")
     _print_export(doc)
     _details(args, {"metrics": m, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]})

@@ -92,8 +92,9 @@ class StageLog:
         )
 
 
-def _train(cfg: RaypipeConfig) -> dict[str, Any]:
-    """Train with the service up (started here unless one for this target already runs; then stopped again)."""
+def train_stage(cfg: RaypipeConfig) -> dict[str, Any]:
+    """Replies, then training with the service up: started here unless one for this target already runs, and then
+    stopped again, so that no replica holds its GPUs (and their nodes) after the run."""
     from ray import serve
 
     from raypipe.serve.deployment import APP_NAME, attach_service, ensure_service
@@ -105,11 +106,11 @@ def _train(cfg: RaypipeConfig) -> dict[str, Any]:
     if cfg.train.hidden_states != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
         started = handle is None
-        print(f"[pipeline] {'starting' if started else 'attached to'} the hidden-state service", flush=True)
+        print(f"[train] {'starting' if started else 'attached to'} the hidden-state service", flush=True)
         if started:
             handle = ensure_service(cfg.serve)
         canary = handle.stats.remote().result()["canary"]
-        print(f"[pipeline] service {canary or 'canary off'}", flush=True)
+        print(f"[train] service {canary or 'canary off'}", flush=True)
     try:
         result = run_training(cfg)
     finally:
@@ -140,7 +141,7 @@ def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:
         doc = run_evaluation(cfg)
         return {k: doc[k] for k in ("tau", "tau_method", "output", "plots", "disagreement")}
 
-    return {"prepare": prepare, "train": lambda: _train(cfg), "export": export, "eval": evaluate}
+    return {"prepare": prepare, "train": lambda: train_stage(cfg), "export": export, "eval": evaluate}
 
 
 def run_pipeline(cfg: RaypipeConfig) -> dict[str, dict[str, Any]]:

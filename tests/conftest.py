@@ -19,8 +19,9 @@ from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E40
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject's default) the tests that start Ray, vLLM or the demo
-    target's build run one after another on one worker: they share one Ray cluster and one build, and two of them at
-    once would oversubscribe the cores. The other tests run beside them on the second worker."""
+    target's build run one after another on one worker: they share one Ray cluster and one build, and on 2 cores two
+    of them at once only slow each other down (measured: no faster in all, with twice the memory). The unit tests run
+    beside them on the second worker."""
     for item in items:
         if item.get_closest_marker("integration") or {"demo_target", "ray_cluster"} & set(item.fixturenames):
             item.add_marker(pytest.mark.xdist_group("integration"))
@@ -30,7 +31,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """pytest-xdist groups by renaming node ids; a pytest that ignores the rename (9.2 does) must not pass unseen."""
     if getattr(session.config.option, "loadgroup", False):
         grouped = [i for i in session.items if i.get_closest_marker("xdist_group")]
-        assert all(i.nodeid.endswith("@integration") for i in grouped), "pytest-xdist's groups were ignored"
+        assert all("@" in i.nodeid for i in grouped), "pytest-xdist's groups were ignored"
 
 
 def data_config(**overrides: Any) -> DataConfig:

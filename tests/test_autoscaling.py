@@ -1,4 +1,5 @@
-"""The autoscaler grows a head-only cluster for a pipeline job and shrinks it after; the service scales on backlog.
+"""The autoscaler grows a head-only cluster for the prepare and train jobs and shrinks it after; the service scales
+on backlog.
 
 The fake node types mirror those of each cluster layout (same names and
 custom resources, this machine's size): cluster.yaml's one GPU node type
@@ -7,7 +8,9 @@ serve and train node types; placement follows the same rules as on AWS. The job
 runs in this checkout rather than an uploaded working dir: fake nodes share
 one disk, and a removed node's runtime-env agent deleted the uploaded package
 under the running driver (its working directory vanished mid-job);
-tests/test_jobs.py covers `--working-dir` on a real head node.
+tests/test_jobs.py covers `--working-dir` on a real head node, and the
+evaluation stage (whose engines take the service's resources, already
+scaled here).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import free_port
 from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -77,8 +81,8 @@ def fake_cluster(layout: str, tmp_path: Path) -> LocalCluster:
     cluster.stop()
 
 
-@pytest.mark.timeout(1800)  # a pipeline job, then the idle timeout; slower when the suite shares the 2 cores
-def test_a_pipeline_scales_the_node_types_up_and_back_down(
+@pytest.mark.timeout(1800)  # the jobs, then the idle timeout; slower when the suite shares the 2 cores
+def test_prepare_and_train_scale_the_node_types_up_and_back_down(
     layout: str, fake_cluster: LocalCluster, demo_target: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "run"
@@ -97,24 +101,16 @@ def test_a_pipeline_scales_the_node_types_up_and_back_down(
         "train.epochs=2",
         "train.hidden_states=online",
         "train.cache=null",
-        "eval.num_prompts=8",
-        "eval.temperatures=[0.0]",
-        "eval.max_tokens=24",
+        f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
     ]
     assert fake_cluster.node_types_alive() == []  # head only
     watcher = NodeWatcher(fake_cluster)
     watcher.start()
-    status, logs = fake_cluster.wait(
-        fake_cluster.submit(
-            [
-                "bash",
-                "-c",
-                f"cd {ROOT} && {shlex.join([sys.executable, 'jobs/pipeline.py', '--recipe', 'demo', *overrides])}",
-            ],
-            None,
-        ),
-        timeout_s=1500,
+    jobs = " && ".join(
+        shlex.join([sys.executable, job, "--recipe", "demo", *overrides])
+        for job in ("jobs/prepare_data.py", "jobs/train_drafter.py")
     )
+    status, logs = fake_cluster.wait(fake_cluster.submit(["bash", "-c", f"cd {ROOT} && {jobs}"], None), timeout_s=1500)
     assert status == "SUCCEEDED", logs[-5000:]
     _, second_replica_node = FAKE[layout]
     assert watcher.peak["cpu"] >= 1 and all(watcher.peak[n] >= 1 for n in FAKE[layout][0]), watcher.peak

@@ -23,6 +23,7 @@ from PIL import Image
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage
 from raypipe.train.ledger import read_training_curve
+from tests.conftest import free_port
 from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -107,6 +108,7 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         f"data.output={out}/prepared",
         f"train.output={out}/train",
         f"train.cache={out}/cache",
+        f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
     ]
     watcher = MetricsWatcher(head.metrics_url)
     watcher.start()
