@@ -84,7 +84,8 @@ def _memory(cfg: RaypipeConfig) -> list[Check]:
         return checks  # GPU engines: serve.gpu_memory_utilization (raypipe.sizing)
     builtin = serve.model in BUILTIN_TARGETS
     fit = engine_fit(serve, serve.max_replicas, BUILTIN_WEIGHTS if builtin else engine_weights(serve))
-    detail = fit.describe() + ("; a builtin target's weights counted as 0.1 GiB, their upper bound" * builtin)
+    room = f"; {'fits' if fit.ok else 'does not fit'} in node {fit.node.node} and this machine's available memory"
+    detail = fit.need() + room + ("; a builtin target's weights counted as 0.1 GiB, their upper bound" * builtin)
     checks.append(Check("engines fit", fit.ok, detail, "" if fit.ok else fit.fix()))
     return checks
 

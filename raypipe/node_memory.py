@@ -124,11 +124,15 @@ class EngineFit:
     def ok(self) -> bool:
         return self.needed <= min(self.node.available, self.machine_available)
 
-    def describe(self) -> str:
+    def need(self) -> str:
         return (
             f"{self.engines} vLLM engine(s) need {self.needed / GIB:.2f} GiB (each: weights {self.weights / GIB:.2f} + "
-            f"KV cache {self.kv_cache / GIB:.2f} + engine processes {ENGINE_PROCESS_GIB:.2f} GiB); "
-            f"{self.node.describe()} (vLLM sizes its CPU engines from it), this machine "
+            f"KV cache {self.kv_cache / GIB:.2f} + engine processes {ENGINE_PROCESS_GIB:.2f} GiB)"
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.need()}; {self.node.describe()} (vLLM sizes its CPU engines from it), this machine "
             f"{self.machine_available / GIB:.2f} GiB"
         )
 
