@@ -1,17 +1,15 @@
-"""Data-stage throughput against the raw tokenizer, measured side by side in one run.
+"""Data-stage throughput against the raw tokenizer, measured side by side in one run, on two corpora.
 
-    python bench/data_throughput.py --samples 200000
+    python bench/data_throughput.py --samples 100000 --multi-turn-samples 8000
 
-1. writes a slice of the synthetic reference corpus;
-2. runs the whole data stage (Ray Data, local cluster) with 1 actor on 1 CPU,
-   then 2 actors on 2 CPUs, timing each end to end (actor start-up included);
-3. runs the same stage code in this process without Ray (read, prepare, write
-   every shard, one thread) to separate Ray's overhead from the stage's own;
-4. renders the same rows with the same template (untimed) and times the raw
-   tokenizer on exactly those texts, on one thread: the Rust backend's batch
-   call (the floor any stage pays) and the transformers tokenizer's batch call
-   (what a hand-written script would use);
-5. prints tokens/s per CPU and the ratios.
+For the project's reference corpus (mostly one-turn prompts) and its multi-turn mix (chats, tool use and agentic
+traces with system prompts, reasoning and replies of hundreds of tokens), both from raypipe.tools.corpus:
+1. the whole data stage under Ray Data (a local cluster of 2 CPUs, 2 actors of 1 CPU), timed end to end (actor
+   start-up included), with the stage's own account of the actors' work and of Ray Data around it;
+2. the same stage code in this process without Ray (plan, prepare and write every shard, one thread);
+3. the raw tokenizer on exactly the texts the stage tokenizes (rendered untimed by the stage's renderer), one
+   thread, the Rust backend's batch call: the floor any data stage pays;
+then tokens/s per CPU and the ratios. Every rate counts the same tokens (asserted).
 """
 
 from __future__ import annotations
@@ -29,43 +27,36 @@ import ray  # noqa: E402
 
 from raypipe.config import load_config  # noqa: E402
 from raypipe.data.formats import Reject, normalize  # noqa: E402
-from raypipe.data.pipeline import run_prepare  # noqa: E402
+from raypipe.data.output import PreparedOutput  # noqa: E402
+from raypipe.data.pipeline import run_prepare_timed  # noqa: E402
 from raypipe.data.prepare import ShardPreparer  # noqa: E402
 from raypipe.data.sources import plan_chunks, read_chunk  # noqa: E402
+from raypipe.data.tokenizer import resolve_tokenizer  # noqa: E402
 from raypipe.tools.corpus import CorpusSpec, write_corpus  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 
 
-def stage(corpus: Path, cpus: int, tag: str) -> tuple[float, dict]:
-    output = OUT / f"prepared-{tag}"
-    shutil.rmtree(output, ignore_errors=True)
-    cfg = load_config(
-        "debug_cpu",
-        [
-            f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]",
-            f"data.output={output}",
-            f"data.num_actors={cpus}",
-            "data.cpus_per_actor=1",
-            "data.chunk_bytes=8388608",
-        ],
+def data_config(corpus: Path, output: Path, *overrides: str):
+    return load_config(
+        "debug_cpu", [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", *overrides]
     ).data
+
+
+def under_ray(corpus: Path, tag: str) -> tuple[float, dict, dict]:
+    output = OUT / f"prepared-{tag}-ray"
+    shutil.rmtree(output, ignore_errors=True)
+    cfg = data_config(corpus, output, "data.num_actors=2", "data.cpus_per_actor=1")
     start = time.perf_counter()
-    manifest = run_prepare(cfg)
-    return time.perf_counter() - start, manifest["counts"]
+    manifest, timing = run_prepare_timed(cfg)
+    return time.perf_counter() - start, manifest["counts"], timing
 
 
-def in_process(corpus: Path) -> tuple[float, int]:
+def in_process(corpus: Path, tag: str) -> tuple[float, int]:
     """The stage's work on one thread with no Ray: plan, prepare and write every shard."""
-    from raypipe.data.output import PreparedOutput
-    from raypipe.data.tokenizer import resolve_tokenizer
-
-    output = OUT / "prepared-inprocess"
+    output = OUT / f"prepared-{tag}-inprocess"
     shutil.rmtree(output, ignore_errors=True)
-    cfg = load_config(
-        "debug_cpu",
-        [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", "data.chunk_bytes=8388608"],
-    ).data
+    cfg = data_config(corpus, output)
     _, spec = resolve_tokenizer(cfg)
     start = time.perf_counter()
     preparer, out, tokens = ShardPreparer(cfg, spec), PreparedOutput(cfg.output, {}), 0
@@ -74,12 +65,10 @@ def in_process(corpus: Path) -> tuple[float, int]:
     return time.perf_counter() - start, tokens
 
 
-def rendered_texts(corpus: Path) -> tuple[list[str], object, object]:
-    """The texts the stage tokenizes: every row's pieces joined, rendered by the stage's own renderer."""
-    from raypipe.data.tokenizer import resolve_tokenizer
-
-    cfg = load_config("debug_cpu", [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]"]).data
-    tok, spec = resolve_tokenizer(cfg)
+def raw_tokenizer(corpus: Path) -> tuple[float, int, str]:
+    """The raw tokenizer's time and tokens on the texts the stage tokenizes, and the template engine's note."""
+    cfg = data_config(corpus, OUT / "unused")
+    _, spec = resolve_tokenizer(cfg)
     preparer = ShardPreparer(cfg, spec)
     texts = []
     for chunk in plan_chunks(cfg.sources, {}, cfg.chunk_bytes):
@@ -89,61 +78,56 @@ def rendered_texts(corpus: Path) -> tuple[list[str], object, object]:
             except Reject:
                 continue
             texts.extend("".join(t for t, _ in s.pieces) for s in segs)
-    return texts, preparer.backend, tok
+    backend, start, tokens = preparer.backend, time.perf_counter(), 0
+    for i in range(0, len(texts), 1024):
+        tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + 1024], add_special_tokens=False))
+    return time.perf_counter() - start, tokens, preparer.renderer.engine_note
 
 
-def time_tokenizer(encode, texts: list[str], batch: int) -> tuple[float, int]:
-    start, tokens = time.perf_counter(), 0
-    for i in range(0, len(texts), batch):
-        tokens += encode(texts[i : i + batch])
-    return time.perf_counter() - start, tokens
+def measure(corpus: Path, tag: str) -> dict:
+    t_ray, counts, timing = under_ray(corpus, tag)
+    t_in, n_in = in_process(corpus, tag)
+    t_raw, n_raw, engine = raw_tokenizer(corpus)
+    n = counts["tokens_tokenized"]
+    assert n == n_in == n_raw, (n, n_in, n_raw)
+    raw = n / t_raw
+    return {
+        "rows_in": counts["rows_in"],
+        "rows_kept": counts["rows_kept"],
+        "tokens_tokenized": n,
+        "template_engine": engine,
+        "raw_tokenizer_tokens_per_s": round(raw),
+        "without_ray_tokens_per_s": round(n / t_in),
+        "ray_2_actors_tokens_per_s_per_cpu": round(n / t_ray / 2),
+        "ratio_without_ray_vs_raw": round(n / t_in / raw, 3),
+        "ratio_ray_per_cpu_vs_raw": round(n / t_ray / 2 / raw, 3),
+        "ray_rows_per_s": round(counts["rows_in"] / t_ray),
+        "wall_s": {"ray": round(t_ray, 1), "without_ray": round(t_in, 1), "raw_tokenizer": round(t_raw, 1)},
+        "ray_breakdown_s": {
+            "dataset": round(timing["wall_s"], 1),
+            "actors_own_work": round(timing["actor_s"], 1),
+            "driver_before_and_after": round(t_ray - timing["wall_s"], 1),
+            "actor_utilization": round(timing["actor_s"] / (timing["actors"] * timing["wall_s"]), 3),
+        },
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=200_000)
+    parser.add_argument("--samples", type=int, default=100_000, help="rows of the reference corpus")
+    parser.add_argument("--multi-turn-samples", type=int, default=8_000, help="rows of the multi-turn mix")
     args = parser.parse_args()
-    corpus = OUT / f"corpus-{args.samples}"
-    write_corpus(corpus, CorpusSpec(num_samples=args.samples))
-
-    ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
-    t1, c1 = stage(corpus, 1, "1cpu")
-    t2, c2 = stage(corpus, 2, "2cpu")
-    ray.shutdown()
-    assert c1 == c2
-
-    ti, ni = in_process(corpus)
-    texts, backend, tok = rendered_texts(corpus)
-    tb, nb = time_tokenizer(
-        lambda b: sum(len(e.ids) for e in backend.encode_batch_fast(b, add_special_tokens=False)), texts, 1024
-    )
-    th, nh = time_tokenizer(lambda b: sum(map(len, tok(b, add_special_tokens=False)["input_ids"])), texts, 1024)
-    assert nb == nh == ni == c1["tokens_tokenized"], (nb, nh, ni, c1["tokens_tokenized"])
-
-    n = c1["tokens_tokenized"]
-    s1, s2 = n / t1, n / t2 / 2
-    report = {
-        "samples": args.samples,
-        "rows_in": c1["rows_in"],
-        "tokens_tokenized": n,
-        "stage_1cpu_tokens_per_s_per_cpu": round(s1),
-        "stage_2cpu_tokens_per_s_per_cpu": round(s2),
-        "stage_code_without_ray_tokens_per_s": round(ni / ti),
-        "raw_backend_tokens_per_s": round(nb / tb),
-        "raw_transformers_tokens_per_s": round(nh / th),
-        "ratio_1cpu_vs_backend": round(s1 / (nb / tb), 3),
-        "ratio_1cpu_vs_transformers": round(s1 / (nh / th), 3),
-        "ratio_2cpu_vs_backend": round(s2 / (nb / tb), 3),
-        "ratio_without_ray_vs_backend": round(ni / ti / (nb / tb), 3),
-        "scaling_2cpu_over_1cpu": round(t1 / t2, 3),
-        "wall_s": {
-            "stage_1cpu": round(t1, 1),
-            "stage_2cpu": round(t2, 1),
-            "without_ray": round(ti, 1),
-            "backend": round(tb, 1),
-            "transformers": round(th, 1),
-        },
+    corpora = {
+        "reference": (args.samples, "reference"),
+        "multi_turn": (args.multi_turn_samples, "multi_turn"),
     }
+    ray.init(num_cpus=2, logging_level="ERROR", include_dashboard=False)
+    report = {}
+    for tag, (samples, mix) in corpora.items():
+        corpus = OUT / f"corpus-{mix}-{samples}"
+        write_corpus(corpus, CorpusSpec(num_samples=samples, mix=mix))
+        report[tag] = {"samples": samples, **measure(corpus, tag)}
+    ray.shutdown()
     print(json.dumps(report, indent=1))
 
 

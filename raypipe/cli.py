@@ -137,7 +137,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 def cmd_corpus(args: argparse.Namespace) -> int:
     from raypipe.tools.corpus import CorpusSpec, write_corpus
 
-    counts = write_corpus(args.output, CorpusSpec(num_samples=args.samples, seed=args.seed))
+    counts = write_corpus(args.output, CorpusSpec(num_samples=args.samples, seed=args.seed, mix=args.mix))
     print(json.dumps(counts, indent=1))
     return 0
 
@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples", type=int, default=913_786, help="Number of samples; categories scale proportionally."
     )
     corpus.add_argument("--seed", type=int, default=0)
+    corpus.add_argument(
+        "--mix", default="reference", help="reference, or multi_turn: its conversations alone (chats, tools, agents)"
+    )
     corpus.set_defaults(func=cmd_corpus)
 
     doctor = sub.add_parser(

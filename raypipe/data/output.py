@@ -129,6 +129,16 @@ class PreparedOutput(Storage):
                 self.write(f"tokenizer/{file.name}", file.read_bytes())
         self.write("plan.json", _dumps(doc))
 
+    def planned_chunks(self, deps: dict[str, Any]) -> list[Chunk] | None:
+        """The chunks of an earlier run with the same dependencies (it is resumed with its own shards, however the
+        actor count changed since), None when there is none (`start` refuses an output of other dependencies)."""
+        self.refresh()
+        if not self.exists("plan.json"):
+            return None
+        old = self.read_json("plan.json")
+        same = {k: v for k, v in old.items() if k != "chunks"} == deps
+        return [Chunk(**c) for c in old["chunks"]] if same else None
+
     def is_done(self, index: int) -> bool:
         return self.exists(f"stats/{shard_name(index)}.json")
 

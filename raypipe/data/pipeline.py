@@ -4,6 +4,14 @@ Each actor loads the tokenizer once, prepares whole chunks (so a shard is
 written by exactly one actor, atomically) and reports counts to Ray's
 metrics. The driver plans the chunks, skips those already complete, and
 writes the manifest when all are done.
+
+Fixed costs are kept small: the tokenizer and template reach the actors once
+through the object store; every actor the work can use starts at once, warm
+(its tokenizer and template engine built in its constructor); shards are cut
+from the input's size and the actor count, so that every actor has several
+to do (at most `data.chunk_bytes` each); a resumed run keeps the shards it
+planned. At the end the driver reports where the time went: in the actors'
+own work, and in Ray Data and start-up around it.
 """
 
 from __future__ import annotations
@@ -22,15 +30,25 @@ from raypipe.config import DataConfig
 from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import Chunk, plan_chunks, unmatched_files
+from raypipe.data.template_engine import choose_engine
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer
+from raypipe.progress import progress
+
+SHARDS_PER_ACTOR = 4  # a small input is cut so that each actor gets this many shards
+MIN_SHARD_BYTES = 256 << 10  # below this a shard's fixed cost (files, a Ray call) would show
+
+
+def shard_bytes(cfg: DataConfig, input_bytes: int) -> int:
+    """Input bytes per shard: `data.chunk_bytes`, or less so that each of the actors has SHARDS_PER_ACTOR shards."""
+    return max(MIN_SHARD_BYTES, min(cfg.chunk_bytes, input_bytes // (SHARDS_PER_ACTOR * cfg.num_actors) + 1))
 
 
 class _PrepareActor:
     """Ray Data UDF: one chunk per call, written before the call returns."""
 
-    def __init__(self, cfg_json: str, spec: TokenizerSpec) -> None:
+    def __init__(self, cfg_json: str, spec: list[ray.ObjectRef]) -> None:
         cfg = DataConfig.model_validate_json(cfg_json)
-        self.preparer = ShardPreparer(cfg, spec)
+        self.preparer = ShardPreparer(cfg, ray.get(spec[0]))  # the spec's one copy, from the object store
         self.output = PreparedOutput.of(cfg)
         self.rows = Counter("raypipe_data_rows", "Input rows prepared by the data stage.", ("source",))
         self.kept = Counter("raypipe_data_rows_kept", "Prepared rows written.", ("source",))
@@ -41,7 +59,9 @@ class _PrepareActor:
         out = []
         for item in batch["chunk"]:
             chunk = Chunk(**json.loads(item))
+            start = time.perf_counter()
             stats = self.output.write_shard(self.preparer.prepare(chunk))
+            seconds = time.perf_counter() - start
             tags = {"source": chunk.source}
             counts = [
                 (self.rows, stats["rows_in"], tags),
@@ -52,15 +72,25 @@ class _PrepareActor:
             for counter, n, counter_tags in counts:
                 if n > 0:  # Ray counters refuse 0 (a shard whose rows were all rejected keeps none)
                     counter.inc(n, counter_tags)
-            out.append(json.dumps(stats))
+            out.append(json.dumps({**stats, "actor_seconds": seconds}))
         return {"stats": out}
 
 
 def run_prepare(cfg: DataConfig) -> dict[str, Any]:
     """Prepare every source into `cfg.output`; resumes a partial run. Returns the manifest."""
+    return run_prepare_timed(cfg)[0]
+
+
+def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]]:
+    """`run_prepare`, and where this run's time went (`_run_actors`; empty when every shard was done already)."""
     tok, spec = resolve_tokenizer(cfg)
+    print(f"[prepare] chat template rendered by {choose_engine(spec.chat_template, spec.template_kwargs).note}")
     deps = dependencies(cfg, spec)  # before planning: it drops cached listings of the inputs
-    plan = plan_chunks(cfg.sources, cfg.storage_options, cfg.chunk_bytes)
+    output = PreparedOutput.of(cfg)
+    plan = output.planned_chunks(deps)  # a resumed run keeps its shards
+    if plan is None:
+        size = sum(i["size"] for i in deps["inputs"].values())
+        plan = plan_chunks(cfg.sources, cfg.storage_options, shard_bytes(cfg, size))
     unmatched = unmatched_files(cfg.sources, cfg.storage_options)
     if unmatched:
         shown = ", ".join(unmatched[:20]) + (f" and {len(unmatched) - 20} more" if len(unmatched) > 20 else "")
@@ -68,14 +98,12 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
             f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}",
             flush=True,
         )
-    output = PreparedOutput.of(cfg)
     output.start({**deps, "chunks": [c.to_dict() for c in plan]}, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
     print(
         f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True
     )
-    if todo:
-        _run_actors(cfg, spec, todo)
+    timing = _run_actors(cfg, spec, todo) if todo else {}
     output.refresh()  # the actors wrote stats/ from other processes: a listing cached here would hide their files
     end_of_turn = {"token": spec.end_of_turn, "id": spec.end_of_turn_id}
     manifest = output.write_manifest(plan, deps, end_of_turn, unmatched)
@@ -86,28 +114,37 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
         f"{output.url}/manifest.json",
         flush=True,
     )
-    return manifest
+    return manifest, timing
 
 
-def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> None:
+def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> dict[str, float]:
+    """Prepare `todo` on the actor pool; returns where the time went (`wall_s`: the dataset from creation to its
+    last shard; `actor_s`: the actors' own work, summed; `actors`: how many ran)."""
     # One tokenizer thread per reserved CPU: the batched call would otherwise use every core.
     threads = str(max(1, math.floor(cfg.cpus_per_actor)))
+    actors = min(cfg.num_actors, len(todo))
+    start = time.monotonic()
     ds = ray.data.from_items([{"chunk": json.dumps(c.to_dict())} for c in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         _PrepareActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": spec},
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": [ray.put(spec)]},
         batch_size=1,
-        compute=ActorPoolStrategy(min_size=1, max_size=cfg.num_actors),
+        compute=ActorPoolStrategy(min_size=1, max_size=cfg.num_actors, initial_size=actors),
         num_cpus=cfg.cpus_per_actor,
         runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}},
     )
-    start, done, rows = time.monotonic(), 0, 0
+    rows, actor_s = 0, 0.0
+    bar = progress(len(todo), "[prepare] shards", "shards")
     for row in ds.iter_rows():
         stats = json.loads(row["stats"])
-        done += 1
-        rows += stats["rows_in"]
-        print(
-            f"[prepare] shard {stats['shard']} done ({done}/{len(todo)}), "
-            f"{rows / (time.monotonic() - start):.0f} rows/s",
-            flush=True,
-        )
+        rows, actor_s = rows + stats["rows_in"], actor_s + stats["actor_seconds"]
+        bar.set_postfix_str(f"{rows / (time.monotonic() - start):.0f} rows/s", refresh=False)
+        bar.update()
+    bar.close()
+    wall = time.monotonic() - start
+    print(
+        f"[prepare] {len(todo)} shards in {wall:.1f} s on {actors} actors: {actor_s:.1f} s of the actors' own work "
+        f"({100 * actor_s / (actors * wall):.0f}% of their time), the rest Ray Data and the actors' start-up",
+        flush=True,
+    )
+    return {"wall_s": wall, "actor_s": actor_s, "actors": actors}

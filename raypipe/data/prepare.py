@@ -279,21 +279,30 @@ class ShardPreparer:
         except json.JSONDecodeError as err:
             raise Reject("parse", "invalid_json", f"malformed JSON: {err.msg} at column {err.colno}") from None
 
+    def _encode_rows(self, rows: list[Segmented]) -> list[tuple[list[int], list[int]]]:
+        """(ids, tokens per piece) of each row, from one encoding per row: its pieces are the pre-split words, each
+        tokenized on its own as if alone (no token crosses a piece), so the ids are the pieces' ids end to end."""
+        words = [[text for text, _ in seg.pieces] for seg in rows]
+        encoded = []
+        for seg, e in zip(rows, self.backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)):
+            spans = [e.word_to_tokens(i) for i in range(len(seg.pieces))]
+            encoded.append((e.ids, [0 if s is None else s[1] - s[0] for s in spans]))
+        return encoded
+
     def _encode(
         self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
-    ) -> tuple[list[_Pending], list[list[int]]]:
-        """(rows the tokenizer took, ids of their pieces): one batched call, or row by row when it fails."""
-        texts = [text for p in pending for seg in p.rows for text, _ in seg.pieces]
+    ) -> tuple[list[_Pending], list[tuple[list[int], list[int]]]]:
+        """(rows the tokenizer took, their encodings): one batched call, or row by row when it fails."""
         try:
-            return pending, [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+            return pending, self._encode_rows([seg for p in pending for seg in p.rows])
         except Exception:  # noqa: BLE001 - one bad text fails the whole call; find it row by row
             pass
-        kept, id_lists = [], []
+        kept, encoded = [], []
         for p in pending:
-            texts = [text for seg in p.rows for text, _ in seg.pieces]
             try:
-                id_lists.extend(e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False))
+                encoded.extend(self._encode_rows(p.rows))
             except Exception as err:  # noqa: BLE001 - the row is rejected with the tokenizer's reason
+                texts = [text for seg in p.rows for text, _ in seg.pieces]
                 rej = _tokenizer_reject(texts, err)
                 for seg in p.rows:
                     _add_reject(
@@ -307,18 +316,18 @@ class ShardPreparer:
                     )
                 continue
             kept.append(p)
-        return kept, id_lists
+        return kept, encoded
 
     def _tokenize(
         self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
     ) -> pa.RecordBatch:
-        """One batched tokenizer call for every piece of every row, then numpy assembly."""
-        pending, id_lists = self._encode(chunk, pending, counts, rejects)
+        """One batched tokenizer call for every row, then numpy assembly."""
+        pending, encoded = self._encode(chunk, pending, counts, rejects)
         rows = [(p, seg) for p in pending for seg in p.rows]
-        texts = [text for _, seg in rows for text, _ in seg.pieces]
-        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
-        flat = np.fromiter(chain.from_iterable(id_lists), dtype=np.int32, count=int(lengths.sum()))
-        supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=len(texts))
+        n_pieces = sum(len(seg.pieces) for _, seg in rows)
+        lengths = np.fromiter(chain.from_iterable(n for _, n in encoded), dtype=np.int64, count=n_pieces)
+        flat = np.fromiter(chain.from_iterable(ids for ids, _ in encoded), dtype=np.int32, count=int(lengths.sum()))
+        supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=n_pieces)
         mask = np.repeat(supervised, lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
         counts.tokens_tokenized += len(flat)

@@ -39,15 +39,11 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
-from jinja2 import TemplateError
-from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
-
 from raypipe.data.formats import Conversation, Reject
+from raypipe.data.template_engine import choose_engine
 
 if TYPE_CHECKING:
     from raypipe.data.tokenizer import TokenizerSpec
-
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 @dataclass
@@ -80,14 +76,13 @@ class ChatRenderer:
         placeholder: str,
         reserved: list[str],
     ) -> None:
-        self.template = chat_template
-        self.kwargs = template_kwargs
         self.eot = end_of_turn
         self.placeholder = placeholder
         # special tokens that no content may spell out: they would tokenize as control tokens
         self.reserved = re.compile("|".join(map(re.escape, sorted(reserved, key=len, reverse=True))) or "(?!)")
-        self.has_markers = bool(_GENERATION_TAG.search(chat_template))
-        _speed_up_sandbox(_compile_jinja_template(chat_template).environment)
+        choice = choose_engine(chat_template, template_kwargs)
+        self.engine, self.engine_note = choice.engine, choice.note
+        self.has_markers = choice.markers
         self.placeholder_tail = self._placeholder_tail()
 
     @classmethod
@@ -99,29 +94,14 @@ class ChatRenderer:
         """How the template renders the placeholder reply after a generation prompt; None if it does not extend it."""
         user = {"role": "user", "content": "Hello"}
         try:
-            prompt, _ = self._render([user], None, True)
-            full, _ = self._render([user, {"role": "assistant", "content": self.placeholder}], None, False)
+            prompt = self._render([user], None, True)
+            full = self._render([user, {"role": "assistant", "content": self.placeholder}], None, False)
         except Reject:
             return None
         return full[len(prompt) :] if full.startswith(prompt) and self.placeholder in full[len(prompt) :] else None
 
-    def _render(
-        self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool, markers: bool = False
-    ) -> tuple[str, list]:
-        try:
-            texts, indices = render_jinja_template(
-                [messages],
-                tools=tools,
-                chat_template=self.template,
-                add_generation_prompt=gen_prompt,
-                return_assistant_tokens_mask=markers,
-                **self.kwargs,
-            )
-        except TemplateError as err:
-            raise Reject("render", "template_error", f"template refused the conversation: {err}") from None
-        except (TypeError, ValueError, KeyError, AttributeError) as err:
-            raise Reject("render", "template_error", f"template failed: {type(err).__name__}: {err}") from None
-        return texts[0], indices[0] if markers else []
+    def _render(self, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+        return self.engine.render(messages, tools, gen_prompt)
 
     def _refuse_specials(self, value: Any, code: str, where: str) -> None:
         for text in _strings(value):
@@ -144,13 +124,13 @@ class ChatRenderer:
         self._check_reserved(conv)
         needs_response = messages[-1]["role"] != "assistant"
         if needs_response and self.placeholder_tail and not any(m["role"] == "assistant" for m in messages):
-            prompt, _ = self._render(messages, conv.tools, True)
+            prompt = self._render(messages, conv.tools, True)
             return [Segmented([(prompt, False), (self.placeholder_tail, False)], 1, True, None)]
         if needs_response:
             messages.append({"role": "assistant", "content": self.placeholder})
         if self.has_markers:
             return [self._segment_markers(messages, conv.tools, needs_response, conv.context_only)]
-        full, _ = self._render(messages, conv.tools, False)
+        full = self._render(messages, conv.tools, False)
         turns = self._turns(messages, conv.tools, full, needs_response, conv.context_only)
         if all(full.startswith(t.text[: t.end]) for t in turns):
             return [_cut(full, turns, needs_response, None, self.eot)]
@@ -172,7 +152,7 @@ class ChatRenderer:
             if msg["role"] != "assistant":
                 continue
             try:
-                prefix, _ = self._render(messages[:k], tools, True)
+                prefix = self._render(messages[:k], tools, True)
             except Reject:
                 if k == last:
                     raise Reject(
@@ -181,7 +161,7 @@ class ChatRenderer:
                         "template cannot render a generation prompt for the final turn",
                     ) from None
                 continue  # e.g. an assistant turn before any user query: kept as context only
-            through = full if k == last else self._render(messages[: k + 1], tools, False)[0]
+            through = full if k == last else self._render(messages[: k + 1], tools, False)
             if not through.startswith(prefix):
                 raise Reject(
                     "render",
@@ -211,7 +191,7 @@ class ChatRenderer:
     def _segment_markers(
         self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]
     ) -> Segmented:
-        full, blocks = self._render(messages, tools, False, markers=True)
+        full, blocks = self.engine.render_with_markers(messages, tools, False, markers=True)
         assistant = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
         if len(blocks) != len(assistant):
             raise Reject(
@@ -246,47 +226,6 @@ def _strings(value: Any) -> Iterator[str]:
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-def _speed_up_sandbox(env: Any) -> None:
-    """Make transformers' Jinja sandbox cheaper without changing what it allows or returns.
-
-    transformers renders templates in jinja2's ImmutableSandboxedEnvironment, where
-    templates spend most of their time in attribute look-ups. Two exact shortcuts:
-    - `is_safe_attribute` looks only at the object's type and the attribute's name
-      (private and internal names, mutating methods of known mutable types), so
-      its verdict is cached per (type, name);
-    - `message.role` on a plain dict: the sandbox first tries a Python attribute,
-      which a dict has only for its own methods, then the key; for names that are
-      not dict methods the key is looked up directly.
-    Rendering gets about a quarter cheaper; the sandbox stays in force.
-    """
-    if getattr(env, "_raypipe_fast", False):
-        return
-    cls = type(env)
-    verdicts: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        key = (type(obj), attr)
-        verdict = verdicts.get(key)
-        if verdict is None:
-            verdict = verdicts[key] = cls.is_safe_attribute(env, obj, attr, value)
-        return verdict
-
-    def getattr_(obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return env.undefined(obj=obj, name=attribute)
-        return cls.getattr(env, obj, attribute)
-
-    env.is_safe_attribute = is_safe_attribute
-    env.getattr = getattr_
-    env._raypipe_fast = True
 
 
 def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None, eot: str) -> Segmented:

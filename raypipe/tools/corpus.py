@@ -29,6 +29,9 @@ CATEGORIES = ("prompt_only", "multi_turn", "tool_calling", "agentic_coding", "al
 
 # Full-scale counts of everything but prompt-only; prompt-only takes the rest (800,000).
 _BASE_COUNTS = {"multi_turn": 32_000, "tool_calling": 22_000, "agentic_coding": 1_286, "alpaca": 58_500}
+# The mixes: the reference corpus, and its conversations alone (multi-turn chats, tool use and agentic coding traces,
+# with system prompts, reasoning and replies of hundreds of tokens, in their reference proportions): the harder load.
+MIXES = ("reference", "multi_turn")
 # How each category is split over the formats, in integer parts (exact, no float rounding).
 _FORMAT_PARTS = {
     "prompt_only": {"openai": 5, "sharegpt": 3, "alpaca": 2},
@@ -48,6 +51,7 @@ class CorpusSpec:
     num_samples: int = REFERENCE_SAMPLES
     seed: int = 0
     rows_per_file: int = 50_000
+    mix: str = "reference"  # one of MIXES
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_samples, int) or self.num_samples < 1:
@@ -56,6 +60,8 @@ class CorpusSpec:
             raise ValueError(f"CorpusSpec.seed must be an int, got {self.seed!r}")
         if not isinstance(self.rows_per_file, int) or self.rows_per_file < 1:
             raise ValueError(f"CorpusSpec.rows_per_file must be an int >= 1, got {self.rows_per_file!r}")
+        if self.mix not in MIXES:
+            raise ValueError(f"CorpusSpec.mix must be one of {', '.join(MIXES)}, got {self.mix!r}")
 
 
 @dataclass(frozen=True)
@@ -75,16 +81,21 @@ class Shard:
 # Planning: exact integer counts, so totals always add up at any scale.
 
 
-def category_counts(num_samples: int) -> dict[str, int]:
-    """Scales the reference mix to num_samples; the rounding remainder goes to prompt-only."""
+def category_counts(num_samples: int, mix: str = "reference") -> dict[str, int]:
+    """Scales the mix to num_samples; the rounding remainder goes to prompt-only (reference) or multi-turn chats."""
+    if mix == "multi_turn":
+        base = {c: _BASE_COUNTS[c] for c in ("tool_calling", "agentic_coding")}
+        total = _BASE_COUNTS["multi_turn"] + sum(base.values())
+        scaled = {c: n * num_samples // total for c, n in base.items()}
+        return {"multi_turn": num_samples - sum(scaled.values()), **scaled}
     scaled = {c: n * num_samples // REFERENCE_SAMPLES for c, n in _BASE_COUNTS.items()}
     return {"prompt_only": num_samples - sum(scaled.values()), **scaled}
 
 
-def format_counts(num_samples: int) -> dict[str, dict[str, int]]:
+def format_counts(num_samples: int, mix: str = "reference") -> dict[str, dict[str, int]]:
     """Rows per format and category; the last format of a category takes its remainder."""
     out: dict[str, dict[str, int]] = {f: {} for f in FORMATS}
-    for category, n in category_counts(num_samples).items():
+    for category, n in category_counts(num_samples, mix).items():
         parts = _FORMAT_PARTS[category]
         total_parts, left = sum(parts.values()), n
         for i, (fmt, part) in enumerate(parts.items()):
@@ -100,7 +111,7 @@ def plan_shards(spec: CorpusSpec) -> list[Shard]:
     non-negative, and makes every file a mix rather than blocks of one category.
     """
     shards = []
-    for fmt, counts in format_counts(spec.num_samples).items():
+    for fmt, counts in format_counts(spec.num_samples, spec.mix).items():
         remaining = {c: n for c, n in counts.items() if n}
         rows_left, index = sum(remaining.values()), 0
         while rows_left:
@@ -1078,7 +1089,8 @@ def write_corpus(output_dir: str | Path, spec: CorpusSpec = CorpusSpec()) -> dic
             files[shard.relpath] = write_shard(out, spec, shard)
             _write_json(manifest_path, {"spec": asdict(spec), "complete": False, "files": files})
     summary = _summary(spec, files)
-    assert summary["counts"] == category_counts(spec.num_samples), "written rows differ from the plan"
+    planned = dict.fromkeys(CATEGORIES, 0) | category_counts(spec.num_samples, spec.mix)
+    assert summary["counts"] == planned, "written rows differ from the plan"
     _write_json(manifest_path, {**summary, "complete": True, "files": files})
     counts: dict[str, int] = summary["counts"]
     return counts

@@ -208,20 +208,23 @@ def test_generation_marker_mask_equals_transformers(messages):
 @SETTINGS
 @given(conversations(), st.booleans(), st.sampled_from(["qwen_strict", "generation_markers", "chatml"]))
 def test_faster_sandbox_renders_exactly_like_a_fresh_one(messages, gen_prompt, template):
-    """The renderer's sandbox shortcuts must not change a single character."""
+    """The Jinja engine's sandbox shortcuts must not change a single character."""
     from transformers.utils.chat_template_utils import _cached_compile_jinja_template
 
-    chat = _parts(template, False)[0]
-    fresh = _cached_compile_jinja_template(chat.template)  # a new, untouched environment
+    from raypipe.data.template_engine import JinjaEngine
+
+    _, spec = qwen_spec(template, False)
+    jinja = JinjaEngine(spec.chat_template, spec.template_kwargs)
+    fresh = _cached_compile_jinja_template(spec.chat_template)  # a new, untouched environment
     assert not getattr(fresh.environment, "_raypipe_fast", False)
     msgs = normalize({"messages": messages}).messages
     try:
         expected = fresh.render(
-            messages=msgs, tools=TOOLS, documents=None, add_generation_prompt=gen_prompt, **chat.kwargs
+            messages=msgs, tools=TOOLS, documents=None, add_generation_prompt=gen_prompt, **spec.template_kwargs
         )
-    except Exception as err:  # the template refuses: so must the renderer
+    except Exception as err:  # the template refuses: so must the engine
         with pytest.raises(Reject):
-            chat._render(msgs, TOOLS, gen_prompt)
+            jinja.render(msgs, TOOLS, gen_prompt)
         assert type(err).__name__ in ("TemplateError", "TemplateRuntimeError")
         return
-    assert chat._render(msgs, TOOLS, gen_prompt)[0] == expected
+    assert jinja.render(msgs, TOOLS, gen_prompt) == expected

@@ -273,3 +273,12 @@ def test_rerun_with_another_spec_in_the_same_directory_is_refused(tmp_path: Path
     write_corpus(tmp_path, CorpusSpec(num_samples=500))
     with pytest.raises(ValueError, match="empty output_dir"):
         write_corpus(tmp_path, CorpusSpec(num_samples=500, seed=1))
+
+
+def test_the_multi_turn_mix_has_no_prompt_only_rows_and_its_conversations_run_long(tmp_path: Path) -> None:
+    counts = category_counts(1_000, "multi_turn")
+    assert sum(counts.values()) == 1_000 and set(counts) == {"multi_turn", "tool_calling", "agentic_coding"}
+    write_corpus(tmp_path, CorpusSpec(num_samples=300, mix="multi_turn"))
+    rows = [json.loads(line) for p in sorted(tmp_path.glob("*/*.jsonl")) for line in p.read_text().splitlines()]
+    turns = [len(r.get("messages") or r.get("conversations")) for r in rows]
+    assert len(rows) == 300 and min(turns) >= 2 and statistics.mean(turns) > 4
