@@ -10,6 +10,11 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # one auth mode for the test cluster and its clients
+# One torch thread per process (Ray's workers get one already): the suite runs two streams of tests on 2 cores, and
+# two OpenMP threads that must meet at every operation while the other stream holds a core wait for each other
+# (measured: the demo target's build ran 2.0x slower with 2 threads than with 1 beside a busy process, 1.25x
+# faster alone). Set before torch is imported; the processes the tests start inherit it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from raypipe.config import DataConfig, ServeConfig  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
