@@ -7,9 +7,10 @@ reasoning, several turns of hundreds of tokens. Rows whose conversation ends wit
 `prepare-data` accepts: it renders replies, it does not write them), written once in the OpenAI shape as
 `{"messages", "tools"}` for raypipe and `{"conversations", "tools"}` for speculators: the same conversations.
 
-1. speculators: `vllm launch render` (vLLM's GPU-less render server, through its CLI entry point) on a tiny model directory with the Qwen
-   vocabulary and raypipe's `qwen_strict` template, then `speculators prepare-data --render-endpoint ...` with 2
-   preprocessing workers (the machine's 2 cores); timed from the command's start to its exit, the server already up.
+1. speculators: `vllm launch render` (vLLM's GPU-less render server, through its CLI entry point) on a tiny model
+   directory with the Qwen vocabulary and raypipe's `qwen_strict` template, then `speculators prepare-data
+   --render-endpoint ...` with 2 preprocessing workers (the machine's 2 cores); timed from the command's start to
+   its exit, the server already up.
 2. raypipe: the data stage on Ray Data (local cluster of 2 CPUs, 2 actors of 1 CPU), timed end to end.
 
 Both count the tokens of the rows they write: speculators writes a row per assistant turn (each repeats the
