@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from raypipe.config import RaypipeConfig, load_config
+from raypipe.layout import RunFolders
+from raypipe.storage import Storage
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 
@@ -50,6 +52,26 @@ def prepared(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     manifest = prepare_sample(root, 240, 160)
     assert manifest["counts"]["needs_response"] > 0
     return root
+
+
+@pytest.fixture(scope="session")
+def replies(prepared: Path, tmp_path_factory: pytest.TempPathFactory) -> Storage:
+    """The reply pass, run once by the real engine over `prepared`: every training test trains on these rows with
+    this target and sampling, so each takes a copy (`with_replies`) and its own pass finds nothing left to do, as a
+    resumed run's does."""
+    from raypipe.train.replies import run_replies
+
+    cfg = run_config(prepared, tmp_path_factory.mktemp("replies"))
+    assert run_replies(cfg)["replies"] > 0
+    return RunFolders.of(cfg).replies
+
+
+def with_replies(cfg: RaypipeConfig, replies: Storage) -> RaypipeConfig:
+    """`cfg`, with the stored replies copied into its run folder (local or on S3)."""
+    into = RunFolders.of(cfg).replies
+    for name in replies.glob("*"):
+        into.write(name, replies.read(name))
+    return cfg
 
 
 @pytest.fixture(scope="session")

@@ -30,13 +30,14 @@ from raypipe.train.launcher import run_training
 from raypipe.train.ledger import read_ledger, read_training_curve
 from raypipe.train.replies import run_replies
 from tests.conftest import scrape_metrics
-from tests.train.conftest import run_config
+from tests.train.conftest import run_config, with_replies
 
 pytestmark = pytest.mark.integration
 
 
 def train(cfg):
-    """As `raypipe train` does: the reply pass, then the workers."""
+    """As `raypipe train` does: the reply pass (with the `replies` fixture's copy, nothing left to do), then the
+    workers."""
     run_replies(cfg)
     return run_training(cfg)
 
@@ -60,16 +61,19 @@ def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
 
 
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(
-    ray_cluster: str, prepared: Path, service, tmp_path: Path
+    ray_cluster: str, prepared: Path, replies, service, tmp_path: Path
 ) -> None:
-    cfg = run_config(
-        prepared,
-        tmp_path,
-        "train.max_steps=200",
-        "train.epochs=20",
-        "train.checkpoint_every=100",
-        "train.log_every=5",
-        "train.trackers=[tensorboard]",
+    cfg = with_replies(
+        run_config(
+            prepared,
+            tmp_path,
+            "train.max_steps=200",
+            "train.epochs=20",
+            "train.checkpoint_every=100",
+            "train.log_every=5",
+            "train.trackers=[tensorboard]",
+        ),
+        replies,
     )
     result = train(cfg)
     assert result.error is None
@@ -95,9 +99,9 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(s["step"], pytest.approx(s["loss"])) for s in steps]
     # Every needs_response row got an on-policy reply, stored once for later epochs.
-    replies = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
+    stored = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
     manifest = json.loads((Path(cfg.data.output) / "manifest.json").read_text())
-    assert replies == manifest["counts"]["needs_response"]
+    assert stored == manifest["counts"]["needs_response"]
 
     # The export loads in vLLM as a DFlash drafter; speculative decoding runs and stays lossless (greedy, fp32).
     export = export_drafter(cfg)
@@ -135,9 +139,11 @@ def _all_sample_ids(cfg) -> list[str]:
 
 
 def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_once(
-    prepared: Path, service, tmp_path: Path
+    prepared: Path, replies, service, tmp_path: Path
 ) -> None:
-    cfg = run_config(prepared, tmp_path, "train.epochs=2", "train.checkpoint_every=8", "train.max_failures=2")
+    cfg = with_replies(
+        run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=8", "train.max_failures=2"), replies
+    )
     run = RunFolders.of(cfg)
 
     def kill_a_worker_after_a_committed_checkpoint() -> dict | None:
@@ -178,9 +184,9 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
 
 
 def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
-    prepared: Path, service, tmp_path: Path
+    prepared: Path, replies, service, tmp_path: Path
 ) -> None:
-    cfg = run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6")
+    cfg = with_replies(run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6"), replies)
     run = RunFolders.of(cfg)
     replica = service.stats.remote().result()["pid"]
 
@@ -209,7 +215,7 @@ def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
 
 
 def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
-    prepared: Path, service, s3_server, tmp_path: Path
+    prepared: Path, replies, service, s3_server, tmp_path: Path
 ) -> None:
     options = json.dumps(s3_server)
     common = [
@@ -219,7 +225,9 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
         "train.max_steps=6",
         "train.checkpoint_every=3",
     ]
-    cfg = run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2")
+    cfg = with_replies(
+        run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2"), replies
+    )
     assert train(cfg).error is None
     run = RunFolders.of(cfg)
     assert [s["step"] for s in read_training_curve(run.ledger)] == [3, 6]  # metrics reduced at each checkpoint
