@@ -39,8 +39,9 @@ MIN_SHARD_BYTES = 256 << 10  # below this a shard's fixed cost (files, a Ray cal
 
 
 def shard_bytes(cfg: DataConfig, input_bytes: int) -> int:
-    """Input bytes per shard: `data.chunk_bytes`, or less so that each of the actors has SHARDS_PER_ACTOR shards."""
-    return max(MIN_SHARD_BYTES, min(cfg.chunk_bytes, input_bytes // (SHARDS_PER_ACTOR * cfg.num_actors) + 1))
+    """Input bytes per shard: `data.chunk_bytes`, or less so that each of the actors has SHARDS_PER_ACTOR shards (not
+    below MIN_SHARD_BYTES unless `data.chunk_bytes` itself is)."""
+    return min(cfg.chunk_bytes, max(MIN_SHARD_BYTES, input_bytes // (SHARDS_PER_ACTOR * cfg.num_actors) + 1))
 
 
 class _PrepareActor:

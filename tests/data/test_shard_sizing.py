@@ -16,3 +16,4 @@ def test_a_large_input_uses_chunk_bytes_and_a_tiny_one_the_floor() -> None:
     cfg = data_config(num_actors=2, chunk_bytes=8 << 20)
     assert shard_bytes(cfg, 10 << 30) == 8 << 20
     assert shard_bytes(cfg, 1000) == MIN_SHARD_BYTES
+    assert shard_bytes(data_config(num_actors=2, chunk_bytes=4096), 10 << 20) == 4096  # a smaller setting is kept
