@@ -107,11 +107,15 @@ class MiniJinjaEngine:
         self.env.add_filter("tojson", _tojson)
         self.env.undeclared_variables_in_template("chat")  # compiles it: a syntax MiniJinja lacks raises here
 
+    def render_own(self, messages: Messages, tools: Any, gen_prompt: bool) -> str:
+        """MiniJinja's text alone, without the fallback; raises what MiniJinja raises."""
+        return self.env.render_template(
+            "chat", messages=messages, tools=tools, add_generation_prompt=gen_prompt, **self.kwargs
+        )
+
     def render(self, messages: Messages, tools: Any, gen_prompt: bool) -> str:
         try:
-            text = self.env.render_template(
-                "chat", messages=messages, tools=tools, add_generation_prompt=gen_prompt, **self.kwargs
-            )
+            text = self.render_own(messages, tools, gen_prompt)
         except Exception:  # noqa: BLE001 - Jinja renders it, or refuses it with its own reason
             return self.fallback.render(messages, tools, gen_prompt)
         if "\ufffd" in text:  # MiniJinja replaces text Rust cannot hold (lone surrogates); Jinja keeps it as it is
@@ -130,9 +134,7 @@ def _outcome(engine: Any, messages: Messages, tools: Any, gen_prompt: bool) -> s
     """The text, or the fact of a refusal: what an engine must agree on with the reference."""
     try:
         if isinstance(engine, MiniJinjaEngine):  # without its fallback: its own rendering is on trial
-            return engine.env.render_template(
-                "chat", messages=messages, tools=tools, add_generation_prompt=gen_prompt, **engine.kwargs
-            )
+            return engine.render_own(messages, tools, gen_prompt)
         return engine.render(messages, tools, gen_prompt)
     except Exception:  # noqa: BLE001 - a refusal, by either engine
         return "<refused>"
