@@ -38,9 +38,9 @@ OUT = Path(__file__).parent / "out"
 
 
 def data_config(corpus: Path, output: Path, *overrides: str):
-    return load_config(
-        "debug_cpu", [f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]", f"data.output={output}", *overrides]
-    ).data
+    """debug_cpu's data stage on `corpus`, with the default shard size (debug_cpu's small one is for tests)."""
+    sources = f"data.sources=[{{path: '{corpus}/*/*.jsonl'}}]"
+    return load_config("debug_cpu", [sources, f"data.output={output}", "data.chunk_bytes=16777216", *overrides]).data
 
 
 def under_ray(corpus: Path, tag: str) -> tuple[float, dict, dict]:
@@ -77,11 +77,13 @@ def raw_tokenizer(corpus: Path) -> tuple[float, int, str]:
                 segs = preparer.renderer.segment(normalize(json.loads(raw)))
             except Reject:
                 continue
+            known: dict[str, int] = {}  # per-turn rows whose prompt alone is too long are rejected untokenized
+            segs = [s for s in segs if s.turn is None or preparer.prompt_tokens(s, known) < cfg.max_length]
             texts.extend("".join(t for t, _ in s.pieces) for s in segs)
     backend, start, tokens = preparer.backend, time.perf_counter(), 0
     for i in range(0, len(texts), 1024):
         tokens += sum(len(e.ids) for e in backend.encode_batch_fast(texts[i : i + 1024], add_special_tokens=False))
-    return time.perf_counter() - start, tokens, preparer.renderer.engine_note
+    return time.perf_counter() - start, tokens, spec.template_engine_note
 
 
 def measure(corpus: Path, tag: str) -> dict:

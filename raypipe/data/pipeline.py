@@ -30,7 +30,6 @@ from raypipe.config import DataConfig
 from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import Chunk, plan_chunks, unmatched_files
-from raypipe.data.template_engine import choose_engine
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer
 from raypipe.progress import progress
 
@@ -85,7 +84,7 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
 def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]]:
     """`run_prepare`, and where this run's time went (`_run_actors`; empty when every shard was done already)."""
     tok, spec = resolve_tokenizer(cfg)
-    print(f"[prepare] chat template rendered by {choose_engine(spec.chat_template, spec.template_kwargs).note}")
+    print(f"[prepare] chat template rendered by {spec.template_engine_note}")
     deps = dependencies(cfg, spec)  # before planning: it drops cached listings of the inputs
     output = PreparedOutput.of(cfg)
     plan = output.planned_chunks(deps)  # a resumed run keeps its shards

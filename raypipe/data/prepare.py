@@ -65,6 +65,7 @@ PREPARED_SCHEMA = pa.schema(
 # Upper bucket edges of the token-length histogram in the manifest.
 HISTOGRAM_EDGES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 RAW_BYTES = 4096  # bytes of a raw row kept in its reject record
+SCREEN_CHARS = 1 << 20  # per-turn rows of one conversation holding more text are screened for length untokenized
 Raw = bytes | Oversized | dict[str, Any]
 
 
@@ -196,7 +197,7 @@ class ShardPreparer:
                     conv = normalize(record, chunk.format)
                     sample_id = conv.id or sample_id
                     stage = "render"
-                    rows = self.renderer.segment(conv)
+                    rows = self.renderer.segment(conv, isinstance(raw, bytes) and self.renderer.spells_no_special(raw))
                 except Exception as err:  # noqa: BLE001 - one row never fails the shard: every failure is a reject
                     _add_reject(chunk, sample_id, position, raw, as_reject(stage, err), counts, rejects)
                     continue
@@ -237,13 +238,15 @@ class ShardPreparer:
         counts: _Counts,
         rejects: list[dict[str, Any]],
     ) -> list[Segmented]:
-        """Per-turn rows whose prompt alone reaches max_length, rejected before they are tokenized."""
-        if rows[0].turn is None:
+        """Per-turn rows whose prompt alone reaches max_length, rejected before they are tokenized, when the rows'
+        text is large enough for that to matter (it grows with the square of the turns); below SCREEN_CHARS the
+        length policy rejects them after tokenization with the same codes, without counting each prompt twice."""
+        if rows[0].turn is None or sum(len(text) for seg in rows for text, _ in seg.pieces) < SCREEN_CHARS:
             return rows
         known: dict[str, int] = {}  # text between special tokens -> tokens, shared by the turns of this row
         kept = []
         for seg in rows:
-            n = self._prompt_tokens(seg, known)
+            n = self.prompt_tokens(seg, known)
             if n < self.cfg.max_length:
                 kept.append(seg)
             else:
@@ -251,7 +254,7 @@ class ShardPreparer:
                 _add_reject(chunk, f"{sample_id}#{seg.turn}", position, raw, rej, counts, rejects)
         return kept
 
-    def _prompt_tokens(self, seg: Segmented, known: dict[str, int]) -> int:
+    def prompt_tokens(self, seg: Segmented, known: dict[str, int]) -> int:
         """Tokens of the row's prompt, exact, or a count that already reached max_length when it stopped."""
         total = 0
         for text, _ in seg.pieces[: seg.prompt_pieces]:

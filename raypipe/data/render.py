@@ -40,7 +40,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from raypipe.data.formats import Conversation, Reject
-from raypipe.data.template_engine import choose_engine
+from raypipe.data.template_engine import GENERATION_TAG, build_engine, choose_engine
 
 if TYPE_CHECKING:
     from raypipe.data.tokenizer import TokenizerSpec
@@ -75,20 +75,33 @@ class ChatRenderer:
         end_of_turn: str,
         placeholder: str,
         reserved: list[str],
+        engine: str | None = None,
     ) -> None:
+        """`engine`: the name of the engine `choose_engine` already verified for this template; None runs it here."""
         self.eot = end_of_turn
         self.placeholder = placeholder
         # special tokens that no content may spell out: they would tokenize as control tokens
         self.reserved = re.compile("|".join(map(re.escape, sorted(reserved, key=len, reverse=True))) or "(?!)")
-        choice = choose_engine(chat_template, template_kwargs)
-        self.engine, self.engine_note = choice.engine, choice.note
-        self.has_markers = choice.markers
+        self.raw_reserved = _raw_screen(reserved)
+        if engine is None:
+            self.engine = choose_engine(chat_template, template_kwargs).engine
+        else:
+            self.engine = build_engine(chat_template, template_kwargs, engine)
+        self.has_markers = bool(GENERATION_TAG.search(chat_template))
         self.placeholder_tail = self._placeholder_tail()
 
     @classmethod
     def of(cls, spec: TokenizerSpec, placeholder: str) -> ChatRenderer:
-        """The renderer of a resolved tokenizer's template, with its special tokens reserved."""
-        return cls(spec.chat_template, spec.template_kwargs, spec.end_of_turn, placeholder, list(spec.reserved))
+        """The renderer of a resolved tokenizer's template (its engine as the driver chose it), special tokens
+        reserved."""
+        return cls(
+            spec.chat_template,
+            spec.template_kwargs,
+            spec.end_of_turn,
+            placeholder,
+            list(spec.reserved),
+            spec.template_engine,
+        )
 
     def _placeholder_tail(self) -> str | None:
         """How the template renders the placeholder reply after a generation prompt; None if it does not extend it."""
@@ -118,10 +131,19 @@ class ChatRenderer:
                 self._refuse_specials(msg.get(key), "special_token_in_tool_call", f"messages[{i}].{key}")
         self._refuse_specials(conv.tools, "special_token_in_tools", "tools")
 
-    def segment(self, conv: Conversation) -> list[Segmented]:
-        """Conversation -> rows of pieces; raises Reject with the reason."""
+    def spells_no_special(self, line: bytes) -> bool:
+        """No string of this JSON line can spell a special token: none appears in its bytes, and the line has no
+        escape (\\u, \\/) that could write one. Cheaper than walking every string; when False, `segment` checks."""
+        return self.raw_reserved is not None and b"\\u" not in line and b"\\/" not in line and not (
+            self.raw_reserved.search(line)
+        )
+
+    def segment(self, conv: Conversation, screened: bool = False) -> list[Segmented]:
+        """Conversation -> rows of pieces; raises Reject with the reason. `screened`: its JSON line passed
+        `spells_no_special`, so the strings need no check."""
         messages = list(conv.messages)
-        self._check_reserved(conv)
+        if not screened:
+            self._check_reserved(conv)
         needs_response = messages[-1]["role"] != "assistant"
         if needs_response and self.placeholder_tail and not any(m["role"] == "assistant" for m in messages):
             prompt = self._render(messages, conv.tools, True)
@@ -212,6 +234,14 @@ def _require_supervision(turns: list[_Turn], needs_response: bool) -> None:
             "no_supervised_turn",
             "no assistant turn is supervised: each has weight 0 or no prompt the template can render",
         )
+
+
+def _raw_screen(reserved: list[str]) -> re.Pattern[bytes] | None:
+    """The special tokens as a pattern over raw JSON bytes, or None when one holds a character JSON escapes (then a
+    line's bytes would not show it verbatim)."""
+    if not reserved or any(c in '"\\' or ord(c) < 0x20 for t in reserved for c in t):
+        return None
+    return re.compile(b"|".join(re.escape(t.encode()) for t in sorted(reserved, key=len, reverse=True)))
 
 
 def _strings(value: Any) -> Iterator[str]:

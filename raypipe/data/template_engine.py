@@ -6,14 +6,16 @@ templates several times faster, but it is another implementation of the
 language: printed floats, missing filters or a method it lacks would change
 the text, and with it the tokens and the masks. So identical output is the
 contract, checked, never assumed:
-- at start-up, each template is rendered by both engines on PROBES, a set of
+- once per run, on the driver, the template is rendered by both engines on PROBES, a set of
   conversations that takes every branch of the Qwen/ChatML family's templates
   (system turns, tools and their schemas, tool calls with dict and string
   arguments, tool results, reasoning as a field and inside <think>, weights
   of odd JSON values, no user query, each with and without the generation
   prompt). A template MiniJinja cannot compile, or renders differently on
   any probe (text or refusal), is rendered by Jinja for the whole run, and
-  `choose_engine` says why;
+  `choose_engine` says why. The verdict travels to the actors in the
+  tokenizer spec (`build_engine`), so they neither re-run the probes nor
+  import transformers (and torch) unless a row needs Jinja;
 - any conversation MiniJinja fails on is rendered again by Jinja, so a refusal
   carries Jinja's own reason and a template error never depends on the engine;
   so is any text holding U+FFFD, which is what MiniJinja makes of a lone
@@ -34,7 +36,6 @@ from datetime import datetime
 from typing import Any
 
 from jinja2 import TemplateError
-from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
 
 from raypipe.data.formats import Reject
 
@@ -48,12 +49,16 @@ class JinjaEngine:
     name = "jinja"
 
     def __init__(self, template: str, kwargs: dict[str, Any]) -> None:
+        from transformers.utils.chat_template_utils import _compile_jinja_template  # transformers imports torch
+
         self.template = template
         self.kwargs = kwargs
         _speed_up_sandbox(_compile_jinja_template(template).environment)
 
     def render_with_markers(self, messages: Messages, tools: Any, gen_prompt: bool, markers: bool) -> tuple[str, list]:
         """(text, the character spans of `{% generation %}` blocks when `markers`); raises Reject."""
+        from transformers.utils.chat_template_utils import render_jinja_template
+
         try:
             texts, indices = render_jinja_template(
                 [messages],
@@ -89,15 +94,17 @@ def _strftime_now(format: str) -> str:
 
 class MiniJinjaEngine:
     """The template compiled by MiniJinja with transformers' settings (trim_blocks, lstrip_blocks, Python-style
-    methods) and globals (raise_exception, tojson, strftime_now). A conversation it fails on goes to `fallback`."""
+    methods) and globals (raise_exception, tojson, strftime_now). A conversation it fails on goes to Jinja, built
+    on first use."""
 
     name = "minijinja"
 
-    def __init__(self, template: str, kwargs: dict[str, Any], fallback: JinjaEngine) -> None:
+    def __init__(self, template: str, kwargs: dict[str, Any], fallback: JinjaEngine | None = None) -> None:
         import minijinja
 
+        self.template = template
         self.kwargs = kwargs
-        self.fallback = fallback
+        self._fallback = fallback
         self.env = minijinja.Environment(templates={"chat": template})
         self.env.pycompat = True
         self.env.trim_blocks = True
@@ -112,6 +119,12 @@ class MiniJinjaEngine:
         return self.env.render_template(
             "chat", messages=messages, tools=tools, add_generation_prompt=gen_prompt, **self.kwargs
         )
+
+    @property
+    def fallback(self) -> JinjaEngine:
+        if self._fallback is None:
+            self._fallback = JinjaEngine(self.template, self.kwargs)
+        return self._fallback
 
     def render(self, messages: Messages, tools: Any, gen_prompt: bool) -> str:
         try:
@@ -128,6 +141,11 @@ class EngineChoice:
     engine: JinjaEngine | MiniJinjaEngine
     note: str  # which engine renders the template, and why
     markers: bool = False  # the template has generation markers (then the engine is Jinja)
+
+
+def build_engine(template: str, kwargs: dict[str, Any], name: str) -> JinjaEngine | MiniJinjaEngine:
+    """The engine `choose_engine` chose (by its name), without the probes: for actors, given the driver's verdict."""
+    return MiniJinjaEngine(template, kwargs) if name == MiniJinjaEngine.name else JinjaEngine(template, kwargs)
 
 
 def _outcome(engine: Any, messages: Messages, tools: Any, gen_prompt: bool) -> str:

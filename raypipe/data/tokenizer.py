@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raypipe.assets.templates import TEMPLATE_NAMES, load_template
 from raypipe.config import DataConfig
+from raypipe.data.template_engine import choose_engine
 
 if TYPE_CHECKING:  # transformers (and torch) load only on the driver; actors need just the spec
     from transformers import PreTrainedTokenizerBase
@@ -28,6 +29,8 @@ class TokenizerSpec:
     end_of_turn: str  # the token that closes an assistant turn (data.end_of_turn, else probed from the template)
     end_of_turn_id: int
     reserved: tuple[str, ...]  # special tokens content must not contain
+    template_engine: str  # the renderer `choose_engine` verified for this template (its output is the same either way)
+    template_engine_note: str  # which, and why
 
     def digest(self) -> str:
         blob = json.dumps(
@@ -121,6 +124,7 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
             f"data.end_of_turn: {end_of_turn!r} is not one special token of {cfg.tokenizer}; special tokens: "
             f"{', '.join(reserved)}"
         )
+    engine = choose_engine(template, template_kwargs)
     spec = TokenizerSpec(
         tokenizer_json=tok.backend_tokenizer.to_str(),
         chat_template=template,
@@ -128,6 +132,8 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
         end_of_turn=end_of_turn,
         end_of_turn_id=end_of_turn_ids[0],
         reserved=reserved,
+        template_engine=engine.engine.name,
+        template_engine_note=engine.note,
     )
     tok.chat_template = template
     return tok, spec

@@ -5,6 +5,9 @@ built-in template with thinking on and off."""
 from __future__ import annotations
 
 import json
+import pickle
+import subprocess
+import sys
 from functools import cache
 
 import pytest
@@ -94,3 +97,26 @@ def test_minijinja_renders_exactly_as_jinja(messages, gen_prompt, template_think
             engine.render_own(msgs, TOOLS, gen_prompt)
         return
     assert engine.render_own(msgs, TOOLS, gen_prompt) == expected
+
+
+def test_an_actor_built_from_the_spec_neither_reprobes_nor_imports_transformers(tmp_path):
+    """What an actor does (ShardPreparer from the driver's spec, one shard prepared) in a fresh process: MiniJinja
+    as the driver chose it, and no transformers or torch loaded, which would cost each actor seconds at start-up."""
+    _, spec = qwen_spec("qwen_strict", False)
+    (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}))
+    code = f"""
+import pickle, sys
+from pathlib import Path
+from raypipe.data.prepare import ShardPreparer
+from raypipe.data.sources import plan_chunks
+from tests.conftest import data_config
+cfg = data_config(sources=[{{"path": {str(path)!r}}}])
+preparer = ShardPreparer(cfg, pickle.loads(Path({str(tmp_path / "spec.pkl")!r}).read_bytes()))
+[chunk] = plan_chunks(cfg.sources, {{}}, 1 << 30)
+print(preparer.prepare(chunk).table.num_rows, type(preparer.renderer.engine).__name__,
+      sorted({{"transformers", "torch"}} & set(sys.modules)))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1", "MiniJinjaEngine", "[]"]

@@ -1,6 +1,10 @@
 """The documented result of every strict-template case, and the mask boundaries."""
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from raypipe.data.formats import Reject, normalize
 from tests.conftest import prepare_records, qwen_spec, renderer
@@ -152,3 +156,29 @@ def test_the_faster_sandbox_still_refuses_unsafe_calls():
     )
     with pytest.raises(Reject, match="unsafe"):
         chat.segment(conv(USER, ANSWER))
+
+
+_SPECIAL_BITS = ["<|im_end|>", "<|im_start|>", "</think>", "<think>", "<|im_", "/", "\\", "é", "\n", '"', "a"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.lists(st.sampled_from(_SPECIAL_BITS), max_size=6).map("".join), min_size=1, max_size=4),
+    st.booleans(),
+    st.booleans(),
+)
+def test_a_line_the_raw_screen_passes_holds_no_special_token(texts, ensure_ascii, escape_slashes):
+    """`spells_no_special` is only ever a shortcut: whenever it passes a JSON line (however it was encoded), the
+    strings-by-strings check of that line's conversation passes too."""
+    chat = renderer()
+    record = {"messages": [{"role": "user", "content": t} for t in texts]}
+    line = json.dumps(record, ensure_ascii=ensure_ascii)
+    if escape_slashes:
+        line = line.replace("/", "\\/")
+    if chat.spells_no_special(line.encode()):
+        try:
+            chat.segment(normalize(json.loads(line)))
+        except Reject as rej:
+            assert not rej.code.startswith("special_token"), rej.reason
+    else:  # refused only for a verbatim special token or an escape that could write one; the full check decides
+        assert "\\u" in line or "\\/" in line or chat.raw_reserved.search(line.encode())

@@ -145,7 +145,7 @@ def test_per_turn_prompt_count_is_the_tokenizer_count(tmp_path):
     assert len(rows) == 3 and all(r.turn is not None for r in rows)
     for seg in rows:
         prompt = "".join(t for t, _ in seg.pieces[: seg.prompt_pieces])
-        assert preparer._prompt_tokens(seg, {}) == len(preparer.backend.encode(prompt, add_special_tokens=False).ids)
+        assert preparer.prompt_tokens(seg, {}) == len(preparer.backend.encode(prompt, add_special_tokens=False).ids)
 
 
 def test_per_turn_rows_that_fit_are_tokenized_piece_by_piece_as_before(tmp_path):
