@@ -29,7 +29,7 @@ from raypipe.config import load_config  # noqa: E402
 from raypipe.data.formats import Reject, normalize  # noqa: E402
 from raypipe.data.output import PreparedOutput  # noqa: E402
 from raypipe.data.pipeline import run_prepare_timed  # noqa: E402
-from raypipe.data.prepare import ShardPreparer  # noqa: E402
+from raypipe.data.prepare import SCREEN_CHARS, ShardPreparer  # noqa: E402
 from raypipe.data.sources import plan_chunks, read_chunk  # noqa: E402
 from raypipe.data.tokenizer import resolve_tokenizer  # noqa: E402
 from raypipe.tools.corpus import CorpusSpec, write_corpus  # noqa: E402
@@ -77,8 +77,9 @@ def raw_tokenizer(corpus: Path) -> tuple[float, int, str]:
                 segs = preparer.renderer.segment(normalize(json.loads(raw)))
             except Reject:
                 continue
-            known: dict[str, int] = {}  # per-turn rows whose prompt alone is too long are rejected untokenized
-            segs = [s for s in segs if s.turn is None or preparer.prompt_tokens(s, known) < cfg.max_length]
+            if sum(len(t) for s in segs for t, _ in s.pieces) >= SCREEN_CHARS:  # as the stage screens large rows
+                known: dict[str, int] = {}
+                segs = [s for s in segs if s.turn is None or preparer.prompt_tokens(s, known) < cfg.max_length]
             texts.extend("".join(t for t, _ in s.pieces) for s in segs)
     backend, start, tokens = preparer.backend, time.perf_counter(), 0
     for i in range(0, len(texts), 1024):

@@ -288,8 +288,12 @@ class ShardPreparer:
         words = [[text for text, _ in seg.pieces] for seg in rows]
         encoded = []
         for seg, e in zip(rows, self.backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)):
+            ids = e.ids
+            if len(seg.pieces) == 1:
+                encoded.append((ids, [len(ids)]))
+                continue
             spans = [e.word_to_tokens(i) for i in range(len(seg.pieces))]
-            encoded.append((e.ids, [0 if s is None else s[1] - s[0] for s in spans]))
+            encoded.append((ids, [0 if s is None else s[1] - s[0] for s in spans]))
         return encoded
 
     def _encode(
@@ -333,6 +337,7 @@ class ShardPreparer:
         supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=n_pieces)
         mask = np.repeat(supervised, lengths)
         offsets = np.concatenate([[0], np.cumsum(lengths)])
+        loss_before = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])  # supervised tokens before each position
         counts.tokens_tokenized += len(flat)
 
         ids_out, mask_out, list_offsets = [], [], [0]
@@ -354,7 +359,7 @@ class ShardPreparer:
                 continue
             counts.truncated += n < b - a
             row_mask = mask[a : a + n]
-            n_loss = int(row_mask.sum())
+            n_loss = int(loss_before[a + n] - loss_before[a])
             ids_out.append(flat[a : a + n])
             mask_out.append(row_mask)
             list_offsets.append(list_offsets[-1] + n)
