@@ -283,11 +283,25 @@ class ShardPreparer:
             raise Reject("parse", "invalid_json", f"malformed JSON: {err.msg} at column {err.colno}") from None
 
     def _encode_rows(self, rows: list[Segmented]) -> list[tuple[list[int], list[int]]]:
-        """(ids, tokens per piece) of each row, from one encoding per row: its pieces are the pre-split words, each
-        tokenized on its own as if alone (no token crosses a piece), so the ids are the pieces' ids end to end."""
-        words = [[text for text, _ in seg.pieces] for seg in rows]
+        """(ids, tokens per piece) of each row, each piece tokenized on its own as if alone (no token crosses a piece).
+
+        A render-once row is one encoding, its pieces the pre-split words. Per-turn rows repeat their conversation's
+        history, so they are put together from the texts between special tokens (a text's tokens are its parts'
+        tokens end to end, as the tokenizer splits there first), each distinct part encoded once per call: their
+        cost grows with the conversation, not with the square of its turns."""
+        whole = [seg for seg in rows if seg.turn is None]
+        encodings = iter(
+            self.backend.encode_batch(
+                [[text for text, _ in seg.pieces] for seg in whole], is_pretokenized=True, add_special_tokens=False
+            )
+        )
+        parts = self._encode_parts([seg for seg in rows if seg.turn is not None])
         encoded = []
-        for seg, e in zip(rows, self.backend.encode_batch(words, is_pretokenized=True, add_special_tokens=False)):
+        for seg in rows:
+            if seg.turn is not None:
+                encoded.append(self._from_parts(seg, parts))
+                continue
+            e = next(encodings)
             ids = e.ids
             if len(seg.pieces) == 1:
                 encoded.append((ids, [len(ids)]))
@@ -295,6 +309,26 @@ class ShardPreparer:
             spans = [e.word_to_tokens(i) for i in range(len(seg.pieces))]
             encoded.append((ids, [0 if s is None else s[1] - s[0] for s in spans]))
         return encoded
+
+    def _encode_parts(self, rows: list[Segmented]) -> dict[str, list[int]]:
+        """The ids of every distinct text between special tokens in these rows' pieces, from one batched call."""
+        distinct = list(
+            dict.fromkeys(part for seg in rows for text, _ in seg.pieces for part in self.splits.split(text) if part)
+        )
+        return {
+            part: e.ids for part, e in zip(distinct, self.backend.encode_batch_fast(distinct, add_special_tokens=False))
+        }
+
+    def _from_parts(self, seg: Segmented, parts: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+        ids: list[int] = []
+        lengths = []
+        for text, _ in seg.pieces:
+            before = len(ids)
+            for part in self.splits.split(text):
+                if part:
+                    ids.extend(parts[part])
+            lengths.append(len(ids) - before)
+        return ids, lengths
 
     def _encode(
         self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
