@@ -134,8 +134,11 @@ class ChatRenderer:
     def spells_no_special(self, line: bytes) -> bool:
         """No string of this JSON line can spell a special token: none appears in its bytes, and the line has no
         escape (\\u, \\/) that could write one. Cheaper than walking every string; when False, `segment` checks."""
-        return self.raw_reserved is not None and b"\\u" not in line and b"\\/" not in line and not (
-            self.raw_reserved.search(line)
+        return (
+            self.raw_reserved is not None
+            and b"\\u" not in line
+            and b"\\/" not in line
+            and not self.raw_reserved.search(line)
         )
 
     def segment(self, conv: Conversation, screened: bool = False) -> list[Segmented]:

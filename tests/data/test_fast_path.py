@@ -105,7 +105,9 @@ def test_an_actor_built_from_the_spec_neither_reprobes_nor_imports_transformers(
     _, spec = qwen_spec("qwen_strict", False)
     (tmp_path / "spec.pkl").write_bytes(pickle.dumps(spec))
     path = tmp_path / "in.jsonl"
-    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]}))
+    path.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]})
+    )
     code = f"""
 import pickle, sys
 from pathlib import Path
