@@ -91,7 +91,7 @@ class _Counts:
     split_extra: int = 0
     rows_kept: int = 0
     needs_response: int = 0
-    tokens_tokenized: int = 0  # before the length policy: the tokenizer's work, for throughput
+    tokens_tokenized: int = 0  # of every row that reached the tokenizer, before the length policy (throughput)
     tokens: int = 0
     loss_tokens: int = 0
     truncated: int = 0
