@@ -140,7 +140,6 @@ class MiniJinjaEngine:
 class EngineChoice:
     engine: JinjaEngine | MiniJinjaEngine
     note: str  # which engine renders the template, and why
-    markers: bool = False  # the template has generation markers (then the engine is Jinja)
 
 
 def build_engine(template: str, kwargs: dict[str, Any], name: str) -> JinjaEngine | MiniJinjaEngine:
@@ -162,9 +161,7 @@ def choose_engine(template: str, kwargs: dict[str, Any]) -> EngineChoice:
     """MiniJinja where it renders every probe exactly as Jinja does, else Jinja, with the reason."""
     jinja = JinjaEngine(template, kwargs)
     if GENERATION_TAG.search(template):
-        return EngineChoice(
-            jinja, "Jinja: the template has {% generation %} blocks, which only transformers renders", markers=True
-        )
+        return EngineChoice(jinja, "Jinja: the template has {% generation %} blocks, which only transformers renders")
     try:
         mini = MiniJinjaEngine(template, kwargs, jinja)
     except Exception as err:  # noqa: BLE001 - any compile error means Jinja renders it
