@@ -295,11 +295,12 @@ class ShardPreparer:
                 [[text for text, _ in seg.pieces] for seg in whole], is_pretokenized=True, add_special_tokens=False
             )
         )
-        parts = self._encode_parts([seg for seg in rows if seg.turn is not None])
+        split = self._split_pieces([seg for seg in rows if seg.turn is not None])
+        parts = self._encode_parts(split)
         encoded = []
         for seg in rows:
             if seg.turn is not None:
-                encoded.append(self._from_parts(seg, parts))
+                encoded.append(self._from_parts(seg, split, parts))
                 continue
             e = next(encodings)
             ids = e.ids
@@ -310,23 +311,29 @@ class ShardPreparer:
             encoded.append((ids, [0 if s is None else s[1] - s[0] for s in spans]))
         return encoded
 
-    def _encode_parts(self, rows: list[Segmented]) -> dict[str, list[int]]:
-        """The ids of every distinct text between special tokens in these rows' pieces, from one batched call."""
-        distinct = list(
-            dict.fromkeys(part for seg in rows for text, _ in seg.pieces for part in self.splits.split(text) if part)
-        )
+    def _split_pieces(self, rows: list[Segmented]) -> dict[str, list[str]]:
+        """Each distinct piece text of these rows, cut into its non-empty texts between special tokens (once: the
+        rows of one conversation repeat its history)."""
+        texts = dict.fromkeys(text for seg in rows for text, _ in seg.pieces)
+        return {text: [part for part in self.splits.split(text) if part] for text in texts}
+
+    def _encode_parts(self, split: dict[str, list[str]]) -> dict[str, list[int]]:
+        """The ids of every distinct text between special tokens, from one batched call."""
+        distinct = list(dict.fromkeys(part for parts in split.values() for part in parts))
         return {
             part: e.ids for part, e in zip(distinct, self.backend.encode_batch_fast(distinct, add_special_tokens=False))
         }
 
-    def _from_parts(self, seg: Segmented, parts: dict[str, list[int]]) -> tuple[list[int], list[int]]:
+    @staticmethod
+    def _from_parts(
+        seg: Segmented, split: dict[str, list[str]], parts: dict[str, list[int]]
+    ) -> tuple[list[int], list[int]]:
         ids: list[int] = []
         lengths = []
         for text, _ in seg.pieces:
             before = len(ids)
-            for part in self.splits.split(text):
-                if part:
-                    ids.extend(parts[part])
+            for part in split[text]:
+                ids.extend(parts[part])
             lengths.append(len(ids) - before)
         return ids, lengths
 
