@@ -23,13 +23,18 @@ from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E40
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject's default) the tests that start Ray, vLLM or the demo
-    target's build run one after another on one worker: they share one Ray cluster and one build, and on 2 cores two
-    of them at once only slow each other down (measured: no faster in all, with twice the memory). The unit tests run
-    beside them on the second worker."""
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, pyproject's default) the integration tests run in two streams,
+    one per worker, each test of a stream after the other, and the unit tests after them on whichever worker is
+    free first:
+    - "cluster": the tests on the session's Ray cluster (`ray_cluster`: one cluster per process, so one stream);
+    - "apart": the others, which start their own clusters, servers, engines or the demo target's build.
+    One stream alone leaves a core idle for much of its time (waiting on an autoscaler, a deploy, a single-threaded
+    build); two keep both cores busy."""
     for item in items:
-        if item.get_closest_marker("integration") or {"demo_target", "ray_cluster"} & set(item.fixturenames):
-            item.add_marker(pytest.mark.xdist_group("integration"))
+        if "ray_cluster" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif item.get_closest_marker("integration") or "demo_target" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("apart"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

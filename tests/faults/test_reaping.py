@@ -115,6 +115,8 @@ def test_a_failed_start_leaves_nothing_running(tmp_path: Path) -> None:
 VLLM_OWNER = textwrap.dedent(
     """
     import sys, time
+    import raypipe.serve.reaper
+    raypipe.serve.reaper.memory_dir = lambda: sys.argv[2]  # a registry of this test's own, as in the tests above
     from raypipe.serve.transport import replica_dir
     from raypipe.serve.vllm_engine import VllmEngine
     from raypipe.target import resolve_target
@@ -128,13 +130,16 @@ VLLM_OWNER = textwrap.dedent(
 
 
 @pytest.mark.integration
-def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next_engine_start(tiny_target: str) -> None:
+def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next_engine_start(
+    tiny_target: str, tmp_path: Path
+) -> None:
     """What a replica leaves when nothing in Ray ends its process group (`ray stop --force`, a raylet that died):
     the real vLLM CPU engine core keeps running after its owner's SIGKILL, and the next engine start on the node ends
-    it."""
+    it. The registry is the test's own: the suite's other stream starts engines and runs replicas (which sweep the
+    node's registry every minute) on this machine meanwhile, and one of them would reap the orphan first."""
     root = Path(__file__).resolve().parents[2]
     owner = subprocess.Popen(
-        [sys.executable, "-c", VLLM_OWNER, tiny_target],
+        [sys.executable, "-c", VLLM_OWNER, tiny_target, str(tmp_path)],
         cwd=root,
         stdout=subprocess.PIPE,
         text=True,
@@ -153,10 +158,11 @@ def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next
         owner.wait()
     time.sleep(5)
     assert all(_alive(p) for p in cores), "the engine core ended with its owner: nothing here would show the reaping"
-    with engine_processes():  # the next engine start on this node
+    assert (registry(str(tmp_path)) / f"{owner.pid}.json").exists()
+    with engine_processes(str(tmp_path)):  # the next engine start on this node
         pass
     assert all(_gone(p) for p in engines)
-    assert not (registry() / f"{owner.pid}.json").exists()
+    assert not (registry(str(tmp_path)) / f"{owner.pid}.json").exists()
 
 
 def _replaced(handle: object, pid: int, timeout_s: float = 600) -> dict:
