@@ -140,6 +140,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     from speculators.models.dflash import DFlashDraftModel
 
     from raypipe.config import TrainConfig
+    from raypipe.train.anchors import install_row_anchors
     from raypipe.train.batches import DeviceFeeder, Step
     from raypipe.train.drafter import drafter_config, loss_implementation, step_kwargs
     from raypipe.train.metrics import StepMetrics
@@ -151,6 +152,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
         draft_layers=args.draft_layers,
         block_size=args.block,
         max_anchors=args.anchors,
+        max_pack_anchors=args.anchors,
         step_tokens=args.seq,
         use_gpu=device.type == "cuda",
         strategy=strategy,
@@ -167,12 +169,13 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
                     not param.requires_grad and param.dim() == 2
                 ):  # the target's embedding and heads, left empty until load_verifier_weights
                     param.normal_(0.0, 0.02)
+    install_row_anchors(drafter, tc.max_anchors)
     model = place_drafter(drafter, strategy, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     autocast, dtype = precision(device)
-    kwargs = step_kwargs(tc)
+    kwargs = {**step_kwargs(tc), "max_anchors": args.anchors}  # one row of args.seq supervised tokens
     n_layers, hidden = len(target.layer_ids), target.shape.hidden_size
     states = torch.randn(args.seq, n_layers, hidden).to(torch.bfloat16)
     rng = np.random.default_rng(0)

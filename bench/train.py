@@ -54,6 +54,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
 
     from raypipe.storage import Storage
     from raypipe.target import resolve_target
+    from raypipe.train.anchors import anchor_count, install_row_anchors
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
     from raypipe.train.plan import lr_factor, plan_epoch
@@ -69,6 +70,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
         rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
     )
     model = build_drafter(target, tc)
+    install_row_anchors(model, tc.max_anchors)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, tc.lr, tc.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.warmup_ratio))
@@ -84,7 +86,10 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     ):
         waited = time.perf_counter() - tick
         batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
-        train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
+        anchors = anchor_count([r.loss_mask for r in pack], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
+        train_step(
+            model, params, optimizer, scheduler, batch, {**kwargs, "max_anchors": anchors}, tc.grad_clip, 1.0, autocast
+        )
         out.append(
             {
                 "step": step,

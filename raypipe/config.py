@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 REDACTED = "<redacted>"
+# speculators' per-position losses (speculators.losses.resolve_loss_config), by the names it takes.
+LOSSES = ("ce", "kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid")
 # Names of fsspec options that carry credentials (s3fs key/secret/token, client_kwargs' aws_*_key*, gcsfs token,
 # adlfs account_key/sas_token/connection_string, HTTP headers' Authorization, passwords), matched as substrings.
 _SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature", "connection_string")
@@ -223,9 +225,31 @@ class TrainConfig(_Strict):
     block_size: int = Field(
         default=16, ge=2, description="Tokens per draft block (the drafter proposes block_size - 1)."
     )
-    max_anchors: int = Field(default=512, gt=0, description="Random anchor positions per packed sequence.")
+    loss: str | dict[str, float] = Field(
+        default="ce",
+        description="Loss of each drafted position against the target's: a name (" + ", ".join(LOSSES) + ") or a "
+        "weighted mix, e.g. {ce: 0.1, tv: 0.9} (speculators' losses).",
+    )
+    position_weighting: Literal["dpace", "exp_decay"] = Field(
+        default="dpace",
+        description="Weights of the positions of a draft block: dpace (D-PACE: by the drafter's own running "
+        "confidence, speculators' DFlash default; needs loss ce) or exp_decay (exp(-(k-1)/loss_decay_gamma)).",
+    )
+    dpace_alpha: float = Field(default=0.5, gt=0, le=1, description="D-PACE's confidence smoothing, in (0, 1].")
     loss_decay_gamma: float = Field(
-        default=7.0, gt=0, description="Position decay of the loss (7 at block 16 in the paper)."
+        default=7.0, gt=0, description="exp_decay's decay length in positions (7 at block 16 in the DFlash paper)."
+    )
+    max_anchors: int = Field(
+        default=512,
+        gt=0,
+        description="Random anchor positions (draft blocks) per row, as the DFlash paper's 512 per sequence; a row "
+        "with fewer supervised positions anchors every one.",
+    )
+    max_pack_anchors: int = Field(
+        default=1024,
+        gt=0,
+        description="Cap on the anchors of one packed sequence (memory: the step holds anchors x block_size x "
+        "vocabulary logits, twice); above it the pack's anchors are a uniform sample of its rows'.",
     )
     mask_token_id: int | None = Field(
         default=None,
@@ -326,6 +350,24 @@ class TrainConfig(_Strict):
     max_failures: int = Field(
         default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails."
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _known_losses(cls, value: str | dict[str, float]) -> str | dict[str, float]:
+        names = [value] if isinstance(value, str) else list(value)
+        unknown = [n for n in names if n not in LOSSES]
+        if unknown or not names:
+            raise ValueError(f"unknown loss {unknown or value!r}: give one of {', '.join(LOSSES)} or a mix of them")
+        return value
+
+    @model_validator(mode="after")
+    def _dpace_needs_ce(self) -> TrainConfig:
+        if self.position_weighting == "dpace" and self.loss != "ce":
+            raise ValueError(
+                f"train.position_weighting=dpace weighs positions by the drafter's confidence, read from the "
+                f"cross-entropy: it needs train.loss=ce (got {self.loss!r}); or set train.position_weighting=exp_decay"
+            )
+        return self
 
     @model_validator(mode="after")
     def _trackers_can_start(self) -> TrainConfig:

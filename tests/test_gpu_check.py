@@ -24,6 +24,6 @@ def test_the_gpu_check_runs_its_cpu_tiny_mode() -> None:
     assert [r["strategy"] for r in report["runs"]] == ["ddp", "fsdp2"] and report["placeholders_for"] == []
     assert report["shm_to_pinned_gb_per_s"] > 0
     for run in report["runs"]:
-        assert run["attention"] == "sdpa" and run["loss"] == "kl_div (eager)"
+        assert run["attention"] == "sdpa" and run["loss"] == "ce (eager)"
         assert run["metric_reductions"] == 2 and all(math.isfinite(x) for x in run["loss_first_last"])
         assert run["tokens_per_s"] > 0 and run["model_tflops_per_step"] > 0

@@ -11,6 +11,7 @@ LM head. Embedding and LM head are copied from the target and frozen.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
@@ -117,11 +118,14 @@ def drafter_on_meta(target: Target, cfg: TrainConfig) -> Any:
 
 
 def step_kwargs(cfg: TrainConfig) -> dict[str, Any]:
-    """The loss settings passed to the drafter's forward (the model owns loss and metrics)."""
+    """The loss settings passed to the drafter's forward (the model owns loss and metrics); each step adds its pack's
+    `max_anchors` (raypipe.train.anchors.anchor_count)."""
     from speculators.losses import resolve_loss_config
 
+    spec = cfg.loss if isinstance(cfg.loss, str) else json.dumps(cfg.loss)
     return {
-        "loss_config": resolve_loss_config("kl_div", loss_implementation(cfg)),
+        "loss_config": resolve_loss_config(spec, loss_implementation(cfg)),
+        "per_position_loss_weight": "dpace" if cfg.position_weighting == "dpace" else "fixed-exp-decay",
+        "dpace_alpha": cfg.dpace_alpha,
         "gamma": cfg.loss_decay_gamma,
-        "max_anchors": cfg.max_anchors,
     }

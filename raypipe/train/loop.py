@@ -48,6 +48,7 @@ from raypipe.progress import duration, quiet_train_worker
 from raypipe.serve.transport import reclaim_orphans, release_owner
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
+from raypipe.train.anchors import anchor_count, install_row_anchors
 from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from raypipe.train.drafter import build_drafter, step_kwargs
@@ -130,6 +131,7 @@ class Trainer:
         tc = w.cfg.train
         self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
         self.drafter = build_drafter(w.target, tc)
+        install_row_anchors(self.drafter, tc.max_anchors)
         self.model = place_drafter(self.drafter, tc.strategy, w.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, tc.lr, tc.weight_decay)
@@ -275,6 +277,11 @@ class Trainer:
         if self.trackers is not None:
             self.trackers.close()
 
+    def anchors(self, step: Step) -> int:
+        """The pack's anchors: up to train.max_anchors per row, at most train.max_pack_anchors."""
+        tc = self.tc
+        return anchor_count([r.loss_mask for r in step.rows], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
+
     def train_one(
         self, plan: EpochPlan, step: Step, batch: dict[str, torch.Tensor], started: float, waited: float
     ) -> None:
@@ -289,7 +296,7 @@ class Trainer:
             self.optimizer,
             self.scheduler,
             batch,
-            self.kwargs,
+            {**self.kwargs, "max_anchors": self.anchors(step)},
             tc.grad_clip,
             1.0 if real else 0.0,
             self.autocast,

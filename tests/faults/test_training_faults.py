@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from raypipe.config import RaypipeConfig, TrainConfig, load_config
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
+from raypipe.train.anchors import install_row_anchors
 from raypipe.train.batches import drafter_inputs, pack_host
 from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
 from raypipe.train.drafter import build_drafter, step_kwargs
@@ -54,6 +55,7 @@ class Drafter:
             strategy=strategy,
         )
         self.drafter = build_drafter(self.target, self.tc)
+        install_row_anchors(self.drafter, self.tc.max_anchors)
         self.model = place_drafter(self.drafter, strategy, torch.device("cpu"))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(self.params, self.tc.lr, self.tc.weight_decay)
@@ -88,7 +90,7 @@ class Drafter:
             self.optimizer,
             self.scheduler,
             self.batch(seed, fault),
-            self.kwargs,
+            {**self.kwargs, "max_anchors": 2 * 16},  # two rows of 64 supervised tokens, 16 anchors each
             self.tc.grad_clip,
             1.0,
             self.autocast,

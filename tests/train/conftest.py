@@ -26,7 +26,7 @@ def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
             "serve.max_model_len=1024",
             f"train.output={run / 'train'}",
             "train.step_tokens=512",
-            "train.max_anchors=16",
+            "train.max_pack_anchors=16",
             "train.reply_max_tokens=16",
             *overrides,
         ],

@@ -67,9 +67,9 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
         run_config(
             prepared,
             tmp_path,
-            "train.max_steps=200",
+            "train.max_steps=100",  # the loss ratio is 0.47 at 100 steps, 0.41 at 200 (BENCHMARKS.md)
             "train.epochs=20",
-            "train.checkpoint_every=100",
+            "train.checkpoint_every=50",
             "train.log_every=5",
             "train.trackers=[tensorboard]",
         ),
@@ -78,10 +78,10 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     result = train(cfg)
     assert result.error is None
     steps = read_training_curve(RunFolders.of(cfg).ledger)
-    # One reduction per 5 steps, and at each checkpoint (every 100 steps and each epoch's end); every step in one
+    # One reduction per 5 steps, and at each checkpoint (every 50 steps and each epoch's end); every step in one
     # interval.
     assert (
-        steps[-1]["step"] == 200 and sum(s["steps"] for s in steps) == 200 and all(0 < s["steps"] <= 5 for s in steps)
+        steps[-1]["step"] == 100 and sum(s["steps"] for s in steps) == 100 and all(0 < s["steps"] <= 5 for s in steps)
     )
     first = sum(s["loss"] for s in steps[:4]) / 4
     last = sum(s["loss"] for s in steps[-4:]) / 4
