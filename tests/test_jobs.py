@@ -109,7 +109,6 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         f"train.output={out}/train",
         f"train.cache={out}/cache",
         f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
-        "train.epochs=3",  # half the demo's training (τ~3.4 in training by then): CI time; the job's path is the same
     ]
     watcher = MetricsWatcher(head.metrics_url)
     watcher.start()
