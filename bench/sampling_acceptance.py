@@ -26,28 +26,21 @@ import tempfile
 import numpy as np
 import torch
 
+from raypipe.eval.offline import drafted_blocks
+
 
 @torch.no_grad()
 def expected_runs(drafter, engine, ids: list[int], prompt_len: int, temperature: float) -> list[float]:
     """Expected accepted drafts from every reply anchor with a whole block inside `ids`."""
     w = drafter.block_size - 1
     [states] = engine.extract([ids])
-    t = len(ids)
     input_ids = torch.tensor([ids])
     loss_mask = torch.zeros_like(input_ids)
-    loss_mask[0, prompt_len : t - w] = 1
+    loss_mask[0, prompt_len : len(ids) - w] = 1
     if not loss_mask.any():
         return []
-    _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the drafter's blocks, as the offline replay reads them
-        hidden_states=states[:, :-1, :].reshape(1, t, -1),
-        input_ids=input_ids,
-        loss_mask=loss_mask,
-        verifier_last_hidden_states=states[:, -1, :].reshape(1, t, -1),
-        document_ids=torch.zeros_like(input_ids),
-        max_anchors=int(loss_mask.sum()),
-    )
-    anchors = torch.nonzero(loss_mask[0]).squeeze(-1).tolist()
-    drafted = logits.argmax(-1).reshape(len(anchors), w + 1)[:, 1:].tolist()
+    anchors, blocks = drafted_blocks(drafter, input_ids, states, loss_mask)
+    drafted = blocks.tolist()
     runs = []
     for p, d in zip(anchors, drafted, strict=True):
         target_logits = engine.model(input_ids=torch.tensor([ids[: p + 1] + d[:-1]])).logits[0, p:]

@@ -71,6 +71,25 @@ def walk(accepted: np.ndarray, start: int, end: int, width: int) -> Replay:
 
 
 @torch.no_grad()
+def drafted_blocks(
+    drafter: torch.nn.Module, input_ids: torch.Tensor, states: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
+    """The drafter's greedy block after every anchor (each position `loss_mask` marks), in one forward pass:
+    (anchors, drafted ids [anchors, block_size - 1]); `states` [T, n_layers, H], as served."""
+    t = input_ids.shape[1]
+    _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the model's own block predictions, without its loss
+        hidden_states=states[:, :-1, :].reshape(1, t, -1),
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        verifier_last_hidden_states=states[:, -1, :].reshape(1, t, -1),
+        document_ids=torch.zeros_like(input_ids),
+        max_anchors=int(loss_mask.sum()),
+    )
+    anchors = torch.nonzero(loss_mask[0]).squeeze(-1).tolist()
+    return anchors, logits.argmax(-1).reshape(len(anchors), drafter.block_size)[:, 1:]  # slot 0 is the anchor itself
+
+
+@torch.no_grad()
 def accepted_at_every_position(
     drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int
 ) -> np.ndarray:
@@ -83,17 +102,7 @@ def accepted_at_every_position(
     loss_mask = torch.zeros_like(input_ids)
     loss_mask[0, prompt_len : n - 1] = 1
     hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).to(device, torch.float32)
-    t = input_ids.shape[1]
-    _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the model's own block predictions, without its loss
-        hidden_states=hidden[:, :-1, :].reshape(1, t, -1),
-        input_ids=input_ids,
-        loss_mask=loss_mask,
-        verifier_last_hidden_states=hidden[:, -1, :].reshape(1, t, -1),
-        document_ids=torch.zeros_like(input_ids),
-        max_anchors=int(loss_mask.sum()),
-    )
-    anchors = torch.nonzero(loss_mask[0]).squeeze(-1).tolist()
-    drafted = logits.argmax(-1).reshape(len(anchors), block)[:, 1:]  # slot 0 is the anchor itself
+    anchors, drafted = drafted_blocks(drafter, input_ids, hidden, loss_mask)
     accepted = np.zeros(n, dtype=np.int64)
     for row, p in enumerate(anchors):
         truth = ids[p + 1 : p + block]
