@@ -28,6 +28,7 @@ from typing import Any
 
 from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
+from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
 from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
@@ -179,7 +180,7 @@ def run_config(cfg: RaypipeConfig) -> Any:
         # Ray Train's INFO lines (state transitions, resources, checkpoints) only with --verbose (raypipe.progress).
         logging_config=LoggingConfig(log_level="INFO" if verbose() else "WARNING"),
         # Ray Train 2.60 sends a worker's print() both to its logger and, as Ray wraps stdout, to stdout: twice.
-        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}},
+        worker_runtime_env={"env_vars": {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0", **HEAP_ENV}},
     )
 
 
