@@ -1,5 +1,5 @@
 """The CPU a service engine takes on CPU, with vLLM's multiprocess executor (its default there) against the
-one-process executor raypipe's VllmEngine selects: the same requests, side by side in one run.
+one-process executor raypipe selects (ENGINE_ENV, raypipe.serve.vllm_args): the same requests, side by side in one run.
 
     python bench/engine_cpu.py [--sequences 1500]
 

@@ -10,7 +10,7 @@ an engine's extractions about a third (bench/cpu_heap.py). With both thresholds
 out of reach the heap keeps freed blocks for the next step; the step's peak
 memory rose 10%. glibc reads these variables when a process starts, so they go
 into the runtime env of each worker (trainers, service replicas, reply writers,
-evaluation engines).
+evaluation engines: raypipe.serve.vllm_args.ENGINE_ENV).
 """
 
 HEAP_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}

@@ -24,9 +24,9 @@ from raypipe.eval.offline import Replay, load_drafter, replay
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import measurements, plot_acceptance, plot_training
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
-from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders, eval_output
 from raypipe.serve.deployment import replica_resources
+from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.export import DONE
@@ -130,7 +130,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     on_replica = {
         **replica_resources(cfg.serve),
         "max_calls": 1,
-        "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **HEAP_ENV}},
+        "runtime_env": {"env_vars": ENGINE_ENV},
     }
     generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures

@@ -37,7 +37,6 @@ from ray import serve
 from ray.util.metrics import Counter, Gauge, Histogram
 
 from raypipe.config import ServeConfig
-from raypipe.heap import HEAP_ENV
 from raypipe.node_memory import check_engine_memory
 from raypipe.serve.canary import Canary, CanaryReport
 from raypipe.serve.engine import Sampling
@@ -54,6 +53,7 @@ from raypipe.serve.transport import (
     write_states,
 )
 from raypipe.serve.validate import validate_batch
+from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.target import resolve_model, resolve_target
 
 APP_NAME = "raypipe_hidden_states"
@@ -326,7 +326,7 @@ def replica_resources(cfg: ServeConfig) -> dict[str, Any]:
 def build_app(cfg: ServeConfig) -> Any:
     """The Serve application for a config: replicas, resources and limits from `serve.*`."""
     return HiddenStateService.options(
-        ray_actor_options={**replica_resources(cfg), "runtime_env": {"env_vars": HEAP_ENV}},
+        ray_actor_options={**replica_resources(cfg), "runtime_env": {"env_vars": ENGINE_ENV}},
         max_ongoing_requests=cfg.max_ongoing_requests,
         max_constructor_retry_count=1,  # a replica that cannot start fails the deployment (Serve retries 3 times)
         logging_config={"enable_access_log": False},  # one line per extraction drowns the job's log

@@ -10,6 +10,19 @@
 - Multimodal targets (Qwen3.6 has a vision tower) take text only: no image or
   video inputs, so vLLM reserves nothing for them.
 
+Every process raypipe starts an engine in (a service replica, a reply
+writer, an evaluation task) gets ENGINE_ENV:
+- VLLM_ENABLE_V1_MULTIPROCESSING=0: the model runs in the engine's own process.
+  The offline engines then run in the Ray worker itself, so a start-up error
+  is raised there with vLLM's message. The service's asynchronous engine keeps
+  its engine-core process, but on CPU vLLM otherwise adds a worker process (its
+  multiprocess executor): the core spins on shared memory (sched_yield) while
+  the worker computes, and the worker takes an OpenMP thread per core of the
+  node whatever the replica reserved. On 2 cores that took 1.86x the CPU for the
+  same requests (bench/engine_cpu.py). On GPUs one-GPU engines use the
+  one-process executor already.
+- raypipe.heap.HEAP_ENV: large tensors reused, not page-faulted in anew.
+
 vLLM's own start-up errors name its flags; `start_fix` names the serve.*
 setting behind each.
 """
@@ -19,7 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 from raypipe.config import ServeConfig
+from raypipe.heap import HEAP_ENV
 from raypipe.target import Target
+
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **HEAP_ENV}
 
 
 def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:

@@ -6,11 +6,6 @@ writes them per request to this replica's directory in shared memory
 (raypipe.serve.transport hands each file on). Every request, extraction or
 reply, streams through the engine's continuous batching on its own: no lock,
 no merged calls, and a request cancelled by its caller is aborted in the engine.
-On CPU the model runs in the engine-core process itself: vLLM's default there
-(its multiprocess executor, a worker process beside the core) has the core
-spin on shared memory (sched_yield) while the worker computes, and gives the
-worker an OpenMP thread per core of the node whatever the replica reserved: on
-2 cores that took twice the CPU for the same throughput (bench/engine_cpu.py).
 The engine core runs in a child process: it is recorded (raypipe.serve.reaper)
 and ended by its pid when the engine closes, or, if this process is killed
 hard, by the next engine to start on the node. When it cannot start, vLLM
@@ -76,12 +71,9 @@ class VllmEngine:
     def __init__(self, target: Target, cfg: ServeConfig, directory: Path) -> None:
         from vllm import AsyncEngineArgs
         from vllm.config import KVTransferConfig
-        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.directory = directory
-        if current_platform.is_cpu():
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM then keeps its one-process executor
         args = AsyncEngineArgs(
             **engine_args(target, cfg),
             enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends

@@ -27,9 +27,9 @@ from typing import Any
 
 from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
-from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
 from raypipe.progress import progress
+from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.train.rows import PreparedRows
 
 
@@ -151,7 +151,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     )
     options = {
         **replica_resources(cfg.serve),
-        "runtime_env": {"env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **HEAP_ENV}},
+        "runtime_env": {"env_vars": ENGINE_ENV},
     }  # vLLM's own error surfaces here
     writer = ray.remote(**options)(ReplyWriter)
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
