@@ -49,8 +49,16 @@ def arm(sequences: int, model: str) -> dict:
     from raypipe.target import resolve_target
 
     cfg = ServeConfig.model_validate(
-        {"model": model, "layer_ids": [1, 2, 4], "dtype": "bfloat16", "max_model_len": 512, "num_gpus": 0}
-        | {"resource": None, "kv_cache_gib": 1, "enforce_eager": True}
+        {
+            "model": model,
+            "layer_ids": [1, 2, 4],
+            "dtype": "bfloat16",
+            "max_model_len": 512,
+            "num_gpus": 0,
+            "resource": None,
+            "kv_cache_gib": 1,
+            "enforce_eager": True,
+        }
     )
     rng = random.Random(0)
     seqs = [[rng.randrange(100, 150_000) for _ in range(rng.randrange(50, 400))] for _ in range(sequences)]

@@ -25,8 +25,7 @@ from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import measurements, plot_acceptance, plot_training
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
 from raypipe.layout import RunFolders, eval_output
-from raypipe.serve.deployment import replica_resources
-from raypipe.serve.vllm_args import ENGINE_ENV
+from raypipe.serve.deployment import engine_process_options
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.export import DONE
@@ -127,11 +126,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     config = cfg.model_dump()
     # A Serve replica's node type; the process exits after. The engine core runs in the task's process, so an
     # engine that cannot start raises vLLM's own error here instead of "Engine core initialization failed".
-    on_replica = {
-        **replica_resources(cfg.serve),
-        "max_calls": 1,
-        "runtime_env": {"env_vars": ENGINE_ENV},
-    }
+    on_replica = {**engine_process_options(cfg.serve), "max_calls": 1}
     generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures
 

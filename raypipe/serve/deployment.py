@@ -315,9 +315,14 @@ class HiddenStateService:
         await self.engine.check_health()
 
 
-def replica_resources(cfg: ServeConfig) -> dict[str, Any]:
-    """Ray resources of one replica: CPUs, GPUs, and `serve.resource` (one unit per GPU, or one on CPU-only nodes)."""
-    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus}
+def engine_process_options(cfg: ServeConfig) -> dict[str, Any]:
+    """Ray options of a process that runs an engine (a replica, a reply writer, an evaluation task): CPUs, GPUs,
+    `serve.resource` (one unit per GPU, or one on CPU-only nodes), and ENGINE_ENV."""
+    options: dict[str, Any] = {
+        "num_cpus": cfg.num_cpus,
+        "num_gpus": cfg.num_gpus,
+        "runtime_env": {"env_vars": ENGINE_ENV},
+    }
     if cfg.resource:
         options["resources"] = {cfg.resource: cfg.num_gpus or 1}
     return options
@@ -326,7 +331,7 @@ def replica_resources(cfg: ServeConfig) -> dict[str, Any]:
 def build_app(cfg: ServeConfig) -> Any:
     """The Serve application for a config: replicas, resources and limits from `serve.*`."""
     return HiddenStateService.options(
-        ray_actor_options={**replica_resources(cfg), "runtime_env": {"env_vars": ENGINE_ENV}},
+        ray_actor_options=engine_process_options(cfg),
         max_ongoing_requests=cfg.max_ongoing_requests,
         max_constructor_retry_count=1,  # a replica that cannot start fails the deployment (Serve retries 3 times)
         logging_config={"enable_access_log": False},  # one line per extraction drowns the job's log

@@ -29,7 +29,6 @@ from raypipe.config import RaypipeConfig
 from raypipe.data.output import PreparedOutput
 from raypipe.layout import RunFolders
 from raypipe.progress import progress
-from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.train.rows import PreparedRows
 
 
@@ -135,7 +134,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     import ray
 
     from raypipe.node_memory import check_engine_memory
-    from raypipe.serve.deployment import replica_resources
+    from raypipe.serve.deployment import engine_process_options
 
     rows = open_rows(cfg)
     todo = rows.shards_needing_replies()
@@ -149,11 +148,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
         f"{cfg.train.reply_max_sequences} sequences each",
         flush=True,
     )
-    options = {
-        **replica_resources(cfg.serve),
-        "runtime_env": {"env_vars": ENGINE_ENV},
-    }  # vLLM's own error surfaces here
-    writer = ray.remote(**options)(ReplyWriter)
+    writer = ray.remote(**engine_process_options(cfg.serve))(ReplyWriter)  # vLLM's own error surfaces here
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]
     start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
     bar = progress(wanted, "[replies] generating", "replies")  # a shard's replies at once, engines' start included
