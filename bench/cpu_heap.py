@@ -54,7 +54,7 @@ def step_arm(model: str, steps: int) -> dict:
         position_weighting="exp_decay",
         loss_decay_gamma=2.0,
     )
-    drafter = build_drafter(target, tc)
+    drafter = build_drafter(target, tc, None)
     install_row_anchors(drafter, tc.max_anchors)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
     rng = np.random.default_rng(0)

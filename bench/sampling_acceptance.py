@@ -87,7 +87,7 @@ def main() -> None:
             s = g.summary()
             print(json.dumps({"method": "vllm", **{k: s[k] for k in ("temperature", "tau", "drafts")}}), flush=True)
         engine = TransformersEngine(target.path, target.layer_ids, dtype="float32")
-        drafter = load_drafter(build_drafter(target, cfg.train), export)
+        drafter = load_drafter(build_drafter(target, cfg.train, None), export)
     for temperature in (0.0, 1.0):
         replies = engine.generate(prompts, Sampling(temperature=temperature, max_tokens=cfg.eval.max_tokens, seed=0))
         runs = [

@@ -69,7 +69,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     plan = plan_epoch(
         rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
     )
-    model = build_drafter(target, tc)
+    model = build_drafter(target, tc, None)
     install_row_anchors(model, tc.max_anchors)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, tc.lr, tc.weight_decay)

@@ -256,6 +256,12 @@ class TrainConfig(_Strict):
         description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the "
         "target's vocabulary.",
     )
+    draft_vocab_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Draft vocabulary: the drafter's LM head keeps this many of the target's tokens, the most "
+        "frequent supervised ones of the run (raypipe.train.vocab); default: the target's whole vocabulary.",
+    )
     epochs: int = Field(default=6, gt=0, description="Passes over the prepared data.")
     max_steps: int | None = Field(
         default=None,

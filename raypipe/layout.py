@@ -3,6 +3,7 @@
     {train.output}/
       pipeline/{stage}.json  completion records of the one-job pipeline (raypipe.pipeline)
       replies/               on-policy replies of needs_response rows (raypipe.train.replies)
+      vocab/                 the draft vocabulary's mapping, with train.draft_vocab_size (raypipe.train.vocab)
       ray_train/{name}/      Ray Train's run: its state and checkpoints (raypipe.train.launcher)
       ledger/{name}/         what each rank trained, and the training curve (raypipe.train.ledger)
       tensorboard/{name}/    TensorBoard's event files, with `train.trackers: [tensorboard]` (raypipe.train.trackers)
@@ -40,6 +41,10 @@ class RunFolders:
     @property
     def replies(self) -> Storage:
         return self.root.child("replies")
+
+    @property
+    def vocab(self) -> Storage:
+        return self.root.child("vocab")
 
     @property
     def ray_train(self) -> Storage:

@@ -21,7 +21,7 @@ Training worker (bf16 autocast, AdamW):
 - both divided by the workers under FSDP2 (replicated under DDP);
 - per step: the pack's hidden states (step_tokens x layer ids x hidden x
   2 bytes) and the logits of every drafted position (max_pack_anchors x block_size
-  x vocabulary) for the drafter and the target, bf16, plus their fp32 copy in
+  x draft vocabulary) for the drafter and the target, bf16, plus their fp32 copy in
   the loss: 8 bytes per logit, an upper bound (the fused loss works in chunks).
 """
 
@@ -99,7 +99,8 @@ def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Si
     shards = cfg.train.num_workers if cfg.train.strategy == "fsdp2" else 1
     static = (trainable * 16 + frozen * 2) // shards
     states = cfg.train.step_tokens * target.shape.state_bytes_per_token(len(target.layer_ids))
-    logits = cfg.train.max_pack_anchors * cfg.train.block_size * target.shape.vocab_size * 8
+    draft_vocab = cfg.train.draft_vocab_size or target.shape.vocab_size
+    logits = cfg.train.max_pack_anchors * cfg.train.block_size * draft_vocab * 8
     return Sizing(
         state_bytes_per_token=target.shape.state_bytes_per_token(len(target.layer_ids)),
         target_parameters=params,

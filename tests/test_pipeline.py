@@ -4,8 +4,10 @@ The tiny Qwen3.6-architecture target (`builtin:tiny_qwen36`: composite config,
 Gated DeltaNet + gated attention layers, a vision tower, vocabulary 248,320)
 goes through prepare -> service (extraction, parity canary) -> on-policy
 replies -> train -> export -> evaluation in vLLM with the exported DFlash
-drafter. The target is random, so τ stays near 1; what is checked is that every
-stage runs on the production architecture and its contracts hold.
+drafter. The drafter has a draft vocabulary of 4,096 of the 248,320 tokens
+(`train.draft_vocab_size`). The target is random, so τ stays near 1; what is
+checked is that every stage runs on the production architecture and its
+contracts hold, and that vLLM loads the reduced drafter and stays lossless.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from safetensors.torch import load_file
 
 from raypipe.config import load_config
 from raypipe.layout import RunFolders
@@ -50,6 +53,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
             "train.max_steps=24",
             "train.checkpoint_every=12",
             "train.log_every=4",
+            "train.draft_vocab_size=4096",
             "train.reply_max_tokens=24",
             "eval.num_prompts=8",
             "eval.max_tokens=24",
@@ -84,9 +88,11 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     curve = read_training_curve(RunFolders.of(cfg).ledger)
     assert curve[-1]["step"] == 24 and sum(s["steps"] for s in curve) == 24
     drafter = json.loads((tmp_path / "train" / "drafter" / "config.json").read_text())
-    assert drafter["draft_vocab_size"] == 248_320 and drafter["speculators_config"]["verifier"]["architectures"] == [
+    assert drafter["draft_vocab_size"] == 4096 and drafter["speculators_config"]["verifier"]["architectures"] == [
         "Qwen3_5ForConditionalGeneration"
     ]
+    weights = load_file(str(tmp_path / "train" / "drafter" / "model.safetensors"))
+    assert weights["lm_head.weight"].shape[0] == 4096 and weights["d2t"].shape == (4096,)  # vLLM maps drafts with d2t
     assert not any(k.startswith("mrope") for k in drafter["transformer_layer_config"]["rope_parameters"])
 
     # Evaluation: vLLM ran DFlash speculative decoding with the exported drafter on the hybrid target.
@@ -105,5 +111,6 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
         and greedy["draft_tokens"] == 3 * greedy["drafts"]
         and len(greedy["accepted_per_position"]) == 3
     )
+    assert doc["greedy_replies_match_without_drafter"]  # the reduced drafter leaves greedy decoding lossless
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
     assert doc["vllm_untrained_drafter"]["drafts"] > 0

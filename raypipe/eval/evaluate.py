@@ -54,6 +54,7 @@ def _generate(
     """One vLLM engine: with the exported drafter, an untrained one of its shape, or none."""
     from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
+    from raypipe.train.vocab import read_draft_vocab
 
     cfg = RaypipeConfig.model_validate(config)
     target = resolve_target(cfg.serve)
@@ -62,7 +63,7 @@ def _generate(
         if drafter == TRAINED:
             path = _local_copy(_export(cfg), tmp)
         elif drafter == UNTRAINED:
-            build_drafter(target, cfg.train).save_pretrained(tmp)
+            build_drafter(target, cfg.train, read_draft_vocab(cfg, target.shape.vocab_size)).save_pretrained(tmp)
             path = tmp
         return generate_in_vllm(
             engine_args(target, cfg.serve),
@@ -81,13 +82,15 @@ def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[lis
 
     from raypipe.serve.hf_engine import TransformersEngine
     from raypipe.train.drafter import build_drafter
+    from raypipe.train.vocab import read_draft_vocab
 
     cfg = RaypipeConfig.model_validate(config)
     target = resolve_target(cfg.serve)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     engine = TransformersEngine(target.path, target.layer_ids, dtype="float32", device=device)
     with tempfile.TemporaryDirectory() as tmp:
-        drafter = load_drafter(build_drafter(target, cfg.train), _local_copy(_export(cfg), tmp)).to(device)
+        vocab = read_draft_vocab(cfg, target.shape.vocab_size)
+        drafter = load_drafter(build_drafter(target, cfg.train, vocab), _local_copy(_export(cfg), tmp)).to(device)
     return replay(drafter, engine, prompts, replies)
 
 

@@ -86,7 +86,10 @@ def drafted_blocks(
         max_anchors=int(loss_mask.sum()),
     )
     anchors = torch.nonzero(loss_mask[0]).squeeze(-1).tolist()
-    return anchors, logits.argmax(-1).reshape(len(anchors), drafter.block_size)[:, 1:]  # slot 0 is the anchor itself
+    drafted = logits.argmax(-1)
+    if drafter.d2t is not None:  # a draft vocabulary's ids, as target ids (raypipe.train.vocab)
+        drafted = drafted + drafter.d2t[drafted]
+    return anchors, drafted.reshape(len(anchors), drafter.block_size)[:, 1:]  # slot 0 is the anchor itself
 
 
 @torch.no_grad()

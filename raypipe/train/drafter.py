@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from raypipe.config import TrainConfig
 from raypipe.target import Target
+from raypipe.train.vocab import DraftVocab
 
 
 def attention_implementation(cfg: TrainConfig) -> str:
@@ -83,7 +84,7 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
         "dflash",
         layer_config,
         verifier_name_or_path=target.path,
-        draft_vocab_size=target.shape.vocab_size,
+        draft_vocab_size=cfg.draft_vocab_size or target.shape.vocab_size,
         block_size=cfg.block_size,
         target_layer_ids=aux_layer_ids(list(target.layer_ids), target.shape.num_layers),
         mask_token_id=resolve_mask_token_id(target.path, cfg.mask_token_id, target.shape.vocab_size),
@@ -95,14 +96,17 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
     return DFlashSpeculatorConfig(**kwargs)
 
 
-def build_drafter(target: Target, cfg: TrainConfig) -> Any:
-    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen."""
+def build_drafter(target: Target, cfg: TrainConfig, vocab: DraftVocab | None) -> Any:
+    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen; with a
+    draft vocabulary (raypipe.train.vocab) the LM head keeps the target's rows of its tokens."""
     from speculators.models.dflash import DFlashDraftModel
 
     config = drafter_config(target, cfg)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
         model = DFlashDraftModel(config=config)
+    if vocab is not None:
+        model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     model.load_verifier_weights()
     return model
 

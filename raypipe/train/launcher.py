@@ -31,9 +31,11 @@ from raypipe.data.output import PreparedOutput
 from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
+from raypipe.target import resolve_target
 from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
 from raypipe.train.loop import train_worker
 from raypipe.train.replies import open_rows
+from raypipe.train.vocab import prepare_draft_vocab
 
 # train.* a resume may change: how the run is executed, not what it trains.
 EXECUTION = {
@@ -219,6 +221,7 @@ def run_training(cfg: RaypipeConfig) -> Any:
             f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first "
             "(raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
         )
+    prepare_draft_vocab(cfg, resolve_target(cfg.serve).shape.vocab_size)  # once, before the workers read it
     return build_trainer(cfg).fit()
 
 

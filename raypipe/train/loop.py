@@ -59,6 +59,7 @@ from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
 from raypipe.train.trackers import Trackers
+from raypipe.train.vocab import read_draft_vocab
 
 
 def stop_if_diverged(m: dict[str, float], cfg: RaypipeConfig, step: int) -> None:
@@ -130,7 +131,7 @@ class Trainer:
 
         tc = w.cfg.train
         self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
-        self.drafter = build_drafter(w.target, tc)
+        self.drafter = build_drafter(w.target, tc, read_draft_vocab(w.cfg, w.target.shape.vocab_size))
         install_row_anchors(self.drafter, tc.max_anchors)
         self.model = place_drafter(self.drafter, tc.strategy, w.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

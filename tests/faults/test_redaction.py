@@ -97,6 +97,7 @@ def test_checkpoint_config_json_is_redacted(tiny_target: str, tmp_path: Path) ->
     drafter = build_drafter(
         target,
         TrainConfig(output="unused", draft_layers=1, block_size=4, max_anchors=16, step_tokens=256, use_gpu=False),
+        None,
     )
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)

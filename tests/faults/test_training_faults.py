@@ -54,7 +54,7 @@ class Drafter:
             lr=lr,
             strategy=strategy,
         )
-        self.drafter = build_drafter(self.target, self.tc)
+        self.drafter = build_drafter(self.target, self.tc, None)
         install_row_anchors(self.drafter, self.tc.max_anchors)
         self.model = place_drafter(self.drafter, strategy, torch.device("cpu"))
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -79,7 +79,7 @@ def drafter_and_target(tiny_target: str):
     tc = TrainConfig(
         output="unused", draft_layers=1, block_size=BLOCK, max_anchors=3, step_tokens=256, use_gpu=False, seed=0
     )
-    drafter = build_drafter(target, tc)
+    drafter = build_drafter(target, tc, None)
     install_row_anchors(drafter, tc.max_anchors)
     return drafter, target, tc
 
