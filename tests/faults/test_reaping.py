@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from raypipe.serve.reaper import engine_processes, reap_orphans, registry
+from raypipe.serve.vllm_args import ENGINE_ENV
 
 OWNER = textwrap.dedent(
     """
@@ -141,6 +142,7 @@ def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next
     owner = subprocess.Popen(
         [sys.executable, "-c", VLLM_OWNER, tiny_target, str(tmp_path)],
         cwd=root,
+        env={**os.environ, **ENGINE_ENV},  # as a replica's process has it
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

@@ -20,6 +20,7 @@ import pytest
 from ray import serve
 
 from raypipe.serve.deployment import APP_NAME, deploy
+from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.serve.vllm_engine import start_error
 from tests.conftest import serve_config
 from tests.small_node import small_node, unavailable
@@ -61,7 +62,9 @@ def on_small_node(tmp_path: Path, model: str, kv_cache_gib: float, check: bool) 
     script.write_text(ENGINE)
     with small_node(NODE_GIB) as prefix, log.open("w") as out:
         command = [*prefix, sys.executable, str(script), model, str(kv_cache_gib), "check" if check else "start"]
-        status = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=out)
+        status = subprocess.run(
+            command, cwd=ROOT, env={**os.environ, **ENGINE_ENV, "PYTHONPATH": str(ROOT)}, stdout=out, stderr=out
+        )
     return status.returncode, log.read_text()
 
 

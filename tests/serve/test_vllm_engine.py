@@ -9,7 +9,7 @@ import torch
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import as_tensor, read_array, replica_dir
-from raypipe.serve.vllm_args import engine_args
+from raypipe.serve.vllm_args import ENGINE_ENV, engine_args
 from raypipe.target import resolve_target
 from tests.conftest import serve_config
 
@@ -30,7 +30,8 @@ def config(tiny_target):
 
 @pytest.fixture(scope="module")
 def engines(tiny_target):
-    """The engine lives on one event loop for the module, as in a Serve replica."""
+    """The engine lives on one event loop for the module, as in a Serve replica, and its engine-core process starts
+    with ENGINE_ENV as a replica's does (this process keeps vLLM's defaults for the plain LLM below)."""
     from raypipe.serve.vllm_engine import VllmEngine
 
     loop = asyncio.new_event_loop()
@@ -40,7 +41,10 @@ def engines(tiny_target):
     async def start() -> VllmEngine:
         return VllmEngine(resolve_target(cfg), cfg, directory)
 
-    vllm = loop.run_until_complete(start())
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in ENGINE_ENV.items():
+            env.setenv(name, value)
+        vllm = loop.run_until_complete(start())
     yield loop, vllm, TransformersEngine(tiny_target, LAYERS), directory
     vllm.close()
     loop.close()
