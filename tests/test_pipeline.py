@@ -7,7 +7,10 @@ replies -> train -> export -> evaluation in vLLM with the exported DFlash
 drafter. The drafter has a draft vocabulary of 4,096 of the 248,320 tokens
 (`train.draft_vocab_size`). The target is random, so τ stays near 1; what is
 checked is that every stage runs on the production architecture and its
-contracts hold, and that vLLM loads the reduced drafter and stays lossless.
+contracts hold, and that vLLM loads and drafts with the reduced drafter.
+(Greedy replies with any drafter, full vocabulary or reduced, differ from
+those without at a few near-tied positions of this random target:
+BENCHMARKS.md; the demo's test checks losslessness on a target that learned.)
 """
 
 from __future__ import annotations
@@ -111,6 +114,5 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
         and greedy["draft_tokens"] == 3 * greedy["drafts"]
         and len(greedy["accepted_per_position"]) == 3
     )
-    assert doc["greedy_replies_match_without_drafter"]  # the reduced drafter leaves greedy decoding lossless
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
     assert doc["vllm_untrained_drafter"]["drafts"] > 0
