@@ -67,7 +67,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
         run_config(
             prepared,
             tmp_path,
-            "train.max_steps=100",  # the loss ratio is 0.47 at 100 steps, 0.41 at 200 (BENCHMARKS.md)
+            "train.max_steps=100",  # the loss ratio is 0.52 at 100 steps with the 4,096-token draft vocabulary
             "train.epochs=20",
             "train.checkpoint_every=50",
             "train.log_every=5",
@@ -148,9 +148,10 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
 
     def kill_a_worker_after_a_committed_checkpoint() -> dict | None:
         # A second ledger segment means the first checkpoint was reported (report() is a barrier before training goes
-        # on).
+        # on); Ray Train's controller registers it a moment later, in its checkpoint manager's snapshot: a group
+        # killed before that restarts from the previous checkpoint.
         segments = run.ledger.glob("epoch-0000/*.rank-0001.json") if run.root.exists("ledger") else []
-        if len(segments) < 2:
+        if len(segments) < 2 or not run.ray_train.exists(f"{cfg.name}/checkpoint_manager_snapshot.json"):
             return None
         first, second = run.ledger.read_json(segments[0]), run.ledger.read_json(segments[1])
         os.kill(second["pid"], signal.SIGKILL)
