@@ -22,7 +22,7 @@ from raypipe.layout import RunFolders
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import reclaim_orphans
-from raypipe.serve.vllm_args import engine_args
+from raypipe.serve.vllm_args import ENGINE_ENV, engine_args
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.export import export_drafter
@@ -108,7 +108,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.block_size - 1
     target = export["provenance"]["target_path"]
     prompts = [list(range(1000 + 40 * i, 1030 + 40 * i)) for i in range(4)]
-    run_in_vllm = ray.remote(num_cpus=0.5)(generate_in_vllm)
+    run_in_vllm = ray.remote(num_cpus=0.5, runtime_env={"env_vars": ENGINE_ENV})(generate_in_vllm)
     fp32 = cfg.serve.model_copy(update={"dtype": "float32"})  # the reference below is fp32: compare like with like
     engine = engine_args(resolve_target(fp32), fp32)
     [greedy] = ray.get(
