@@ -23,25 +23,26 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from raypipe.heap import HEAP_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def step_arm(model: str, steps: int) -> dict:
-    import numpy as np
+def debug_drafter_step(target: Any, rows: list[Any], vocab: Any = None) -> Callable[[], None]:
+    """One optimizer step of the debug_cpu drafter shape (1 layer, block 4, kl_div, 32 anchors) on `rows` packed with
+    random states; `vocab` (raypipe.train.vocab.DraftVocab) gives the drafter a draft vocabulary. bench/draft_vocab.py
+    times it too."""
     import torch
 
-    from raypipe.config import ServeConfig, TrainConfig
-    from raypipe.target import resolve_target
+    from raypipe.config import TrainConfig
     from raypipe.train.anchors import anchor_count, install_row_anchors
     from raypipe.train.batches import drafter_inputs, pack_host
     from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.rows import Row
 
-    target = resolve_target(ServeConfig(model=model, num_gpus=0, resource=None, kv_cache_gib=1))
     tc = TrainConfig(
         output="unused",
         draft_layers=1,
@@ -53,17 +54,11 @@ def step_arm(model: str, steps: int) -> dict:
         loss="kl_div",
         position_weighting="exp_decay",
         loss_decay_gamma=2.0,
+        draft_vocab_size=vocab.size if vocab is not None else None,
     )
-    drafter = build_drafter(target, tc, None)
+    drafter = build_drafter(target, tc, vocab)
     install_row_anchors(drafter, tc.max_anchors)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
-    rng = np.random.default_rng(0)
-    rows = [
-        Row(
-            f"r{i}", rng.integers(0, 150_000, n).astype(np.int64), np.r_[np.zeros(20), np.ones(n - 20)].astype(np.int64)
-        )
-        for i, n in enumerate((700, 500, 900, 800))
-    ]
     states = [torch.randn(len(r.input_ids), len(target.layer_ids), target.shape.hidden_size) for r in rows]
     batch = drafter_inputs(pack_host(rows, states, pin=False), torch.float32)
     count = anchor_count([r.loss_mask for r in rows], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
@@ -74,6 +69,25 @@ def step_arm(model: str, steps: int) -> dict:
         optimizer.step()
         optimizer.zero_grad()
 
+    return step
+
+
+def step_arm(model: str, steps: int) -> dict:
+    import numpy as np
+
+    from raypipe.config import ServeConfig
+    from raypipe.target import resolve_target
+    from raypipe.train.rows import Row
+
+    target = resolve_target(ServeConfig(model=model, num_gpus=0, resource=None, kv_cache_gib=1))
+    rng = np.random.default_rng(0)
+    rows = [
+        Row(
+            f"r{i}", rng.integers(0, 150_000, n).astype(np.int64), np.r_[np.zeros(20), np.ones(n - 20)].astype(np.int64)
+        )
+        for i, n in enumerate((700, 500, 900, 800))
+    ]
+    step = debug_drafter_step(target, rows)
     step()
     before, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(steps):

@@ -7,8 +7,8 @@ The target is `builtin:tiny_qwen36` (Qwen3.6's architecture and its 248,320-toke
 vocabulary, hidden size 64): the LM head's share of a step is what a draft
 vocabulary removes, and it grows with the vocabulary over the hidden size, so
 this shape shows more of it than a 4,096-wide Qwen3.6-27B would. Both drafters:
-1 layer, block 4, kl_div, a 2,900-token pack of 4 rows, 32 anchors, one thread,
-raypipe's HEAP_ENV; the draft vocabulary is the most frequent supervised tokens
+bench/cpu_heap.py's debug_cpu step (1 layer, block 4, kl_div, a 2,900-token pack
+of 4 rows, 32 anchors), one thread, raypipe's HEAP_ENV; the draft vocabulary is the most frequent supervised tokens
 of the pack (raypipe.train.vocab). Steps alternate between the two after one
 warm-up step each, so that the machine's noise falls on both. Prints each arm's
 mean step time and the ratio.
@@ -21,6 +21,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
+
+from cpu_heap import debug_drafter_step  # bench/ is on sys.path when this runs as a script
 
 from raypipe.heap import HEAP_ENV
 
@@ -36,11 +39,8 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from raypipe.config import ServeConfig, TrainConfig
+    from raypipe.config import ServeConfig
     from raypipe.target import resolve_target
-    from raypipe.train.anchors import anchor_count, install_row_anchors
-    from raypipe.train.batches import drafter_inputs, pack_host
-    from raypipe.train.drafter import build_drafter, step_kwargs
     from raypipe.train.rows import Row
     from raypipe.train.vocab import vocab_from_counts
 
@@ -54,46 +54,25 @@ def main() -> None:
         for i, n in enumerate((700, 500, 900, 800))
     ]
     counts = sum(np.bincount(r.input_ids[r.loss_mask == 1], minlength=vocab_size) for r in rows)
-    states = [torch.randn(len(r.input_ids), len(target.layer_ids), target.shape.hidden_size) for r in rows]
-    batch = drafter_inputs(pack_host(rows, states, pin=False), torch.float32)
+    vocab = vocab_from_counts(counts, args.draft_vocab_size)
+    arms = {
+        "full vocabulary": (debug_drafter_step(target, rows), []),
+        f"draft vocabulary {args.draft_vocab_size}": (debug_drafter_step(target, rows, vocab), []),
+    }
 
-    arms = {}
-    for name, size in (("full vocabulary", None), (f"draft vocabulary {args.draft_vocab_size}", args.draft_vocab_size)):
-        tc = TrainConfig(
-            output="unused",
-            draft_layers=1,
-            block_size=4,
-            max_pack_anchors=32,
-            step_tokens=3072,
-            use_gpu=False,
-            seed=0,
-            loss="kl_div",
-            position_weighting="exp_decay",
-            loss_decay_gamma=2.0,
-            draft_vocab_size=size,
-        )
-        drafter = build_drafter(target, tc, vocab_from_counts(counts, size) if size else None)
-        install_row_anchors(drafter, tc.max_anchors)
-        optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
-        count = anchor_count([r.loss_mask for r in rows], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
-        arms[name] = (drafter, optimizer, tc, count, [])
-
-    def step(drafter: torch.nn.Module, optimizer: torch.optim.Optimizer, tc: TrainConfig, count: int) -> float:
+    def timed(step: Callable[[], None]) -> float:
         start = time.perf_counter()
-        _, loss, _ = drafter(**batch, **step_kwargs(tc), max_anchors=count)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+        step()
         return time.perf_counter() - start
 
-    for drafter, optimizer, tc, count, _ in arms.values():
-        step(drafter, optimizer, tc, count)  # warm-up
+    for step, _ in arms.values():
+        step()  # warm-up
     for _ in range(args.steps):
-        for drafter, optimizer, tc, count, times in arms.values():
-            times.append(step(drafter, optimizer, tc, count))
-    means = {name: sum(a[4]) / len(a[4]) for name, a in arms.items()}
+        for step, times in arms.values():
+            times.append(timed(step))
+    means = {name: sum(times) / len(times) for name, (_, times) in arms.items()}
     full, reduced = means.values()
-    kept = vocab_from_counts(counts, args.draft_vocab_size).t2d.numpy()
+    kept = vocab.t2d.numpy()
     print(
         json.dumps(
             {

@@ -215,13 +215,15 @@ def run_training(cfg: RaypipeConfig) -> Any:
     if cfg.train.cache:
         cfg.train.cache = absolute(cfg.train.cache)
     check_resume(cfg)  # before the replies' meta is written or a worker starts
-    missing = open_rows(cfg).shards_needing_replies()  # fail here, not in every retried worker
+    rows = open_rows(cfg)
+    missing = rows.shards_needing_replies()  # fail here, not in every retried worker
     if missing:
         raise ValueError(
             f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first "
             "(raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
         )
-    prepare_draft_vocab(cfg, resolve_target(cfg.serve).shape.vocab_size)  # once, before the workers read it
+    if cfg.train.draft_vocab_size is not None:  # counted once, before the workers read it
+        prepare_draft_vocab(cfg, rows, resolve_target(cfg.serve).shape.vocab_size)
     return build_trainer(cfg).fit()
 
 

@@ -44,12 +44,14 @@ class DraftVocab:
         return int(self.d2t.numel())
 
 
-def supervised_counts(rows: PreparedRows, vocab_size: int) -> np.ndarray:
-    """How often each target token is a supervised (loss-masked) token of the rows as trained, replies included."""
+def supervised_counts(rows: PreparedRows, vocab_size: int, chunk_rows: int = 4096) -> np.ndarray:
+    """How often each target token is a supervised (loss-masked) token of the rows as trained, replies included;
+    counted `chunk_rows` rows at a time (one vocabulary-sized count per chunk, not per row)."""
     counts = np.zeros(vocab_size, np.int64)
-    for index in range(len(rows)):
-        row = rows.row(index)
-        counts += np.bincount(row.input_ids[row.loss_mask.astype(bool)], minlength=vocab_size)[:vocab_size]
+    for lo in range(0, len(rows), chunk_rows):
+        chunk = [rows.row(i) for i in range(lo, min(lo + chunk_rows, len(rows)))]
+        ids = np.concatenate([r.input_ids[r.loss_mask.astype(bool)] for r in chunk])
+        counts += np.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
 
 
@@ -66,14 +68,12 @@ def vocab_from_counts(counts: np.ndarray, draft_vocab_size: int) -> DraftVocab:
     return DraftVocab(t2d=t2d, d2t=d2t)
 
 
-def prepare_draft_vocab(cfg: RaypipeConfig, vocab_size: int) -> DraftVocab | None:
-    """The run's mapping, counted once before the workers start and kept for the run: resumed workers and the
-    evaluation must use the one its checkpoints were trained with. None with the full vocabulary."""
+def prepare_draft_vocab(cfg: RaypipeConfig, rows: PreparedRows, vocab_size: int) -> DraftVocab | None:
+    """The run's mapping over `rows` (raypipe.train.replies.open_rows), counted once before the workers start and
+    kept for the run: resumed workers and the evaluation must use the one its checkpoints were trained with. None
+    with the full vocabulary."""
     if not uses_draft_vocab(cfg, vocab_size):
         return None
-    from raypipe.train.replies import open_rows
-
-    rows = open_rows(cfg)
     stored = _read(cfg)
     if stored is not None and stored[1] == rows.manifest_sha256:
         return stored[0]

@@ -23,7 +23,7 @@ def test_counts_take_the_supervised_tokens_and_the_replies_not_the_placeholders(
     rows = PreparedRows(_prepared(tmp_path / "prepared"), Storage(str(tmp_path / "replies"), {}), max_length=5)
     rows.write_replies(0, [1], [[20, 20, 21]])  # cut to max_length: prompt 3 + 2 reply tokens
     rows.load_replies()
-    counts = supervised_counts(rows, 32)
+    counts = supervised_counts(rows, 32, chunk_rows=2)  # two chunks
     assert {int(t): int(counts[t]) for t in np.flatnonzero(counts)} == {3: 1, 4: 1, 20: 2, 11: 1}
 
 
