@@ -395,7 +395,7 @@ class EvalConfig(_Strict):
     temperatures: list[float] = Field(
         default=[0.0, 1.0],
         min_length=1,
-        description="Sampling temperatures measured; the offline replay covers temperature 0.",
+        description="Sampling temperatures measured; the offline replay replays vLLM's replies at each.",
     )
     threshold: float = Field(
         default=0.15,

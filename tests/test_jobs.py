@@ -44,12 +44,14 @@ def check_demo_evaluation(doc: dict) -> None:
     assert doc["num_speculative_tokens"] == 3 and len(greedy["accepted_per_position"]) == 3
     assert doc["vllm_untrained_drafter"]["tau"] < 1.2  # the same prompts with an untrained drafter: about 1
     assert doc["greedy_replies_match_without_drafter"]  # speculative decoding stays lossless
-    [offline] = [c for c in doc["comparisons"] if c["estimate"] == "offline_replay"]
-    assert offline["relative_gap"] < 0.15 and not doc["disagreement"], doc["comparisons"]
+    assert not doc["disagreement"], doc["comparisons"]  # the replays agree with vLLM at every temperature
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
-    assert {g["temperature"] for g in doc["vllm"]} == {0.0, 1.0} and all(
-        g["tokens_per_s"] > 0 for g in doc["vllm_without_drafter"]
-    )
+    # At temperature 1 too: vLLM's rejection sampling, replayed on the tokens it sampled, once the CPU build's
+    # sampler is fixed (raypipe.serve.vllm_cpu_fixes; before, τ at temperature 1 fell to about 1.3).
+    [sampled] = [g for g in doc["vllm"] if g["temperature"] == 1.0]
+    assert doc["offline_replay_sampled"][0]["steps"] == sampled["drafts"], doc["offline_replay_sampled"]
+    assert len(doc["vllm_cpu_fixes"]) == 2
+    assert all(g["tokens_per_s"] > 0 for g in doc["vllm_without_drafter"])
     assert [Path(p).name for p in doc["plots"]] == ["acceptance.png", "training.png"]
     for plot in doc["plots"]:
         pixels = np.asarray(Image.open(plot).convert("L"))

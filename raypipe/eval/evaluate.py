@@ -5,8 +5,8 @@ Serve replica; the process exits afterwards so its memory is returned):
 1. vLLM with the exported drafter at every `eval.temperatures`;
 2. vLLM without a drafter (the tokens/s baseline);
 3. vLLM with an untrained drafter of the same shape (the floor, τ about 1);
-4. the offline replay of 1's greedy replies with the drafter outside vLLM
-   (raypipe.eval.offline), on the target's reference states.
+4. the offline replay of 1's replies at every temperature with the drafter
+   outside vLLM (raypipe.eval.offline), on the target's reference states.
 The training-time estimate comes from the run's ledger. `eval.json` and the
 plots are written to `eval.output` (default {train.output}/eval).
 """
@@ -50,8 +50,10 @@ def _local_copy(export: Storage, directory: str) -> str:
 
 def _generate(
     config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]
-) -> list[Generation]:
-    """One vLLM engine: with the exported drafter, an untrained one of its shape, or none."""
+) -> tuple[list[Generation], list[str]]:
+    """One vLLM engine: with the exported drafter, an untrained one of its shape, or none; and the fixes to vLLM's
+    CPU kernels that its process installed (raypipe.serve.vllm_cpu_fixes)."""
+    from raypipe.serve import vllm_cpu_fixes
     from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
     from raypipe.train.vocab import read_draft_vocab
@@ -65,7 +67,7 @@ def _generate(
         elif drafter == UNTRAINED:
             build_drafter(target, cfg.train, read_draft_vocab(cfg, target.shape.vocab_size)).save_pretrained(tmp)
             path = tmp
-        return generate_in_vllm(
+        runs = generate_in_vllm(
             engine_args(target, cfg.serve),
             path,
             cfg.train.block_size - 1,
@@ -74,10 +76,14 @@ def _generate(
             max_tokens=cfg.eval.max_tokens,
             label=f"{drafter or 'no'} drafter",
         )
+    return runs, list(vllm_cpu_fixes.APPLIED)
 
 
-def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[list[int]]) -> Replay:
-    """The replay with the exported drafter on the target's reference states (fp32, transformers)."""
+def _offline(
+    config: dict[str, Any], prompts: list[list[int]], replies: dict[float, list[list[int]]]
+) -> dict[float, Replay]:
+    """The replay of vLLM's replies at each temperature with the exported drafter on the target's reference states
+    (fp32, transformers)."""
     import torch
 
     from raypipe.serve.hf_engine import TransformersEngine
@@ -91,10 +97,12 @@ def _offline(config: dict[str, Any], prompts: list[list[int]], replies: list[lis
     with tempfile.TemporaryDirectory() as tmp:
         vocab = read_draft_vocab(cfg, target.shape.vocab_size)
         drafter = load_drafter(build_drafter(target, cfg.train, vocab), _local_copy(_export(cfg), tmp)).to(device)
-    return replay(drafter, engine, prompts, replies)
+    return {t: replay(drafter, engine, prompts, r) for t, r in replies.items()}
 
 
-def _record_metrics(run: str, trained: list[Generation], untrained: Generation | None, offline: Replay) -> None:
+def _record_metrics(
+    run: str, trained: list[Generation], untrained: Generation | None, offline: dict[float, Replay]
+) -> None:
     """The measured acceptance as Ray metrics (ray_raypipe_eval_*), beside the training ones on the dashboard."""
     from ray.util.metrics import Gauge
 
@@ -113,7 +121,8 @@ def _record_metrics(run: str, trained: list[Generation], untrained: Generation |
         speed.set(g.tokens_per_s, {"run": run, "temperature": f"{g.temperature:g}"})
     if untrained is not None:
         tau.set(untrained.tau, {"run": run, "drafter": "untrained", "temperature": "0", "method": "vllm"})
-    tau.set(offline.tau, {"run": run, "drafter": "trained", "temperature": "0", "method": "offline_replay"})
+    for t, r in offline.items():
+        tau.set(r.tau, {"run": run, "drafter": "trained", "temperature": f"{t:g}", "method": "offline_replay"})
 
 
 def _refusal(err: Exception) -> str:
@@ -135,9 +144,9 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
 
     print(f"[eval] 1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}", flush=True)
     trained: list[Generation] = []
-    refused = None
+    refused, fixes = None, []
     try:
-        trained = ray.get(generate.remote(config, TRAINED, prompts, temps))
+        trained, fixes = ray.get(generate.remote(config, TRAINED, prompts, temps))
     except ray.exceptions.RayTaskError as err:
         refused = _refusal(err)
         print(
@@ -145,14 +154,14 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             flush=True,
         )
     print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
-    plain = ray.get(generate.remote(config, None, prompts, temps))
+    plain, _ = ray.get(generate.remote(config, None, prompts, temps))
     untrained = None
     if refused is None:
         print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
-        [untrained] = ray.get(generate.remote(config, UNTRAINED, prompts, [0.0]))
-    greedy_replies = next(g for g in (trained or plain) if g.temperature == 0.0).replies
-    print("[eval] 4/4 offline replay of the greedy replies", flush=True)
-    offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, greedy_replies))
+        [untrained], _ = ray.get(generate.remote(config, UNTRAINED, prompts, [0.0]))
+    replies = {g.temperature: g.replies for g in trained} or {0.0: next(g for g in plain if g.temperature == 0).replies}
+    print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
+    offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, replies))
 
     _record_metrics(cfg.name, trained, untrained, offline)
     steps = read_training_curve(RunFolders.of(cfg).ledger)
@@ -167,6 +176,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             "max_tokens": cfg.eval.max_tokens,
         },
         "num_speculative_tokens": cfg.train.block_size - 1,
+        "vllm_cpu_fixes": fixes,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
     }
     out = eval_output(cfg)
@@ -174,7 +184,8 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         if steps:
             plot_training(steps, doc["tau"], Path(tmp, "training.png"))
         series = {f"vLLM, temperature {g.temperature:g}": g.summary()["acceptance_per_position"] for g in trained}
-        series["offline replay, temperature 0"] = offline.summary()["acceptance_per_position"]
+        for t, r in offline.items():
+            series[f"offline replay, temperature {t:g}"] = r.summary()["acceptance_per_position"]
         if untrained is not None:
             series["vLLM, untrained drafter"] = untrained.summary()["acceptance_per_position"]
         plot_acceptance(series, Path(tmp, "acceptance.png"))

@@ -12,6 +12,15 @@ vLLM verifies them before it truncates the output, so the replay extends each
 reply by block_size - 1 greedy tokens. τ = 1 + accepted / steps, the same
 quantity vLLM's counters give; a training-time estimate that averages over
 random anchors instead weighs positions differently.
+
+The same walk replays vLLM's rejection sampling at temperature > 0 on the
+reply vLLM sampled. vLLM's DFlash drafts are greedy (one-hot draft
+probabilities), so a drafted token is accepted with probability p_target(d)
+and, when rejected, replaced by a sample from the target's distribution
+without d: the emitted token equals the draft exactly when it was accepted.
+Given the sampled reply, acceptance is therefore determined, and the replay
+must agree with vLLM's counters; only the last block's verification beyond
+the reply's end differs (the replay extends it greedily).
 """
 
 from __future__ import annotations

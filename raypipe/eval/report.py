@@ -21,10 +21,17 @@ if TYPE_CHECKING:
     from raypipe.eval.spec_decode import Generation
 
 
-def compare(name: str, estimate: float, vllm_tau: float, threshold: float) -> dict[str, Any]:
-    """An estimate next to vLLM's τ: relative gap, and whether it exceeds the threshold."""
+def compare(name: str, estimate: float, vllm_tau: float, threshold: float, temperature: float = 0.0) -> dict[str, Any]:
+    """An estimate next to vLLM's τ at a temperature: relative gap, and whether it exceeds the threshold."""
     gap = abs(estimate - vllm_tau) / vllm_tau
-    return {"estimate": name, "tau": estimate, "vllm_tau": vllm_tau, "relative_gap": gap, "flagged": gap > threshold}
+    return {
+        "estimate": name,
+        "temperature": temperature,
+        "tau": estimate,
+        "vllm_tau": vllm_tau,
+        "relative_gap": gap,
+        "flagged": gap > threshold,
+    }
 
 
 def training_estimate(steps: list[dict[str, float]], share: float = 0.1) -> float:
@@ -38,11 +45,15 @@ def measurements(
     refused: str | None,
     plain: list[Generation],
     untrained: Generation | None,
-    offline: Replay,
+    offline: dict[float, Replay],
     steps: list[dict[str, float]],
     threshold: float,
 ) -> dict[str, Any]:
     """The measured part of eval.json: τ, each engine's counters, and the estimates set against vLLM.
+
+    `offline` holds the replay of vLLM's replies at each temperature (raypipe.eval.offline): at temperature 0 it is
+    the greedy estimate; above it, it replays vLLM's rejection sampling on the tokens vLLM sampled, so it must agree
+    with vLLM's τ at that temperature as closely as at 0.
 
     When vLLM refused to run the drafter with this target (`refused`: its
     error), τ is the offline replay's, on the greedy replies of vLLM without a
@@ -50,13 +61,14 @@ def measurements(
     """
     baseline = {g.temperature: g for g in plain}
     doc: dict[str, Any] = {
-        "tau": offline.tau,
+        "tau": offline[0.0].tau,
         "tau_method": "offline_replay",
         "vllm_refused_drafter": refused,
         "vllm": [],
         "vllm_without_drafter": [g.summary() for g in plain],
         "vllm_untrained_drafter": untrained.summary() if untrained else None,
-        "offline_replay": offline.summary(),
+        "offline_replay": offline[0.0].summary(),
+        "offline_replay_sampled": [{"temperature": t, **r.summary()} for t, r in offline.items() if t > 0],
         "training": {
             "steps": steps[-1]["step"] if steps else 0,
             "final_loss": steps[-1]["loss"] if steps else None,
@@ -69,7 +81,12 @@ def measurements(
     if refused is not None:
         return doc
     [greedy] = [g for g in trained if g.temperature == 0.0]
-    comparisons = [compare("offline_replay", offline.tau, greedy.tau, threshold)]
+    comparisons = [compare("offline_replay", offline[0.0].tau, greedy.tau, threshold)]
+    comparisons += [
+        compare("offline_replay", offline[g.temperature].tau, g.tau, threshold, g.temperature)
+        for g in trained
+        if g.temperature > 0 and g.temperature in offline
+    ]
     if steps:
         comparisons.append(compare("training_estimate", training_estimate(steps), greedy.tau, threshold))
     doc.update(

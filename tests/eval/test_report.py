@@ -15,6 +15,7 @@ from raypipe.eval.spec_decode import Generation
 def test_an_estimate_beyond_the_threshold_is_flagged() -> None:
     assert compare("offline_replay", 2.9, 2.6, 0.15) == {
         "estimate": "offline_replay",
+        "temperature": 0.0,
         "tau": 2.9,
         "vllm_tau": 2.6,
         "relative_gap": abs(2.9 - 2.6) / 2.6,
@@ -62,11 +63,16 @@ def test_measurements_compare_the_estimates_with_vllm() -> None:
     steps = [{"step": 10 * i, "loss": 1.0 / i, "tau_estimate": 2.0} for i in range(1, 11)]
     trained = [_generation(0.0, [[1, 2]], 10), _generation(1.0, [[1, 3]], 5)]
     plain = [_generation(0.0, [[1, 2]], 0), _generation(1.0, [[1, 4]], 0)]
-    doc = measurements(trained, None, plain, _generation(0.0, [[1, 2]], 0), Replay(10, 10, [10, 0, 0]), steps, 0.15)
+    offline = {0.0: Replay(10, 10, [10, 0, 0]), 1.0: Replay(10, 2, [2, 0, 0])}  # at 1.0: 20% below vLLM's 1.5
+    doc = measurements(trained, None, plain, _generation(0.0, [[1, 2]], 0), offline, steps, 0.15)
     assert doc["tau"] == 2.0 and doc["tau_method"] == "vllm" and doc["vllm_refused_drafter"] is None
-    assert [c["estimate"] for c in doc["comparisons"]] == ["offline_replay", "training_estimate"] and not doc[
-        "disagreement"
+    assert [(c["estimate"], c["temperature"]) for c in doc["comparisons"]] == [
+        ("offline_replay", 0.0),
+        ("offline_replay", 1.0),
+        ("training_estimate", 0.0),
     ]
+    assert doc["comparisons"][1]["flagged"] and doc["disagreement"]  # the replay of vLLM's sampled replies disagrees
+    assert doc["offline_replay_sampled"] == [{"temperature": 1.0, **offline[1.0].summary()}]
     assert doc["greedy_replies_match_without_drafter"] and doc["training"]["steps"] == 100
 
 
@@ -75,6 +81,6 @@ def test_a_drafter_vllm_refuses_is_reported_with_its_error_and_the_offline_repla
         "NotImplementedError: Speculative Decoding with draft models or parallel drafting does not support M-RoPE yet"
     )
     plain = [_generation(0.0, [[1, 2]], 0)]
-    doc = measurements([], refused, plain, None, Replay(8, 4, [3, 1, 0]), [], 0.15)
+    doc = measurements([], refused, plain, None, {0.0: Replay(8, 4, [3, 1, 0])}, [], 0.15)
     assert doc["tau"] == 1.5 and doc["tau_method"] == "offline_replay" and doc["vllm_refused_drafter"] == refused
     assert doc["vllm"] == [] and doc["comparisons"] == [] and doc["vllm_untrained_drafter"] is None
