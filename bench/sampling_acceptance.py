@@ -72,7 +72,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = load_config(args.recipe, args.overrides)
     target = resolve_target(cfg.serve)
-    _, prompts = load_prompts(cfg)
+    _, prompts, _ = load_prompts(cfg)
     with tempfile.TemporaryDirectory() as tmp:
         export = _local_copy(_export(cfg), tmp)
         runs = generate_in_vllm(

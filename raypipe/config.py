@@ -397,6 +397,14 @@ class EvalConfig(_Strict):
         min_length=1,
         description="Sampling temperatures measured; the offline replay replays vLLM's replies at each.",
     )
+    concurrency: list[int] = Field(
+        default=[1, 4, 16],
+        description="Concurrent clients of the latency sweep (TTFT, TPOT, tokens/s, τ per level) through vLLM's "
+        "OpenAI-compatible server, with and without the drafter, at temperature 0; [] skips the sweep.",
+    )
+    latency_prompts: int = Field(
+        default=48, gt=0, description="Prompts each level of the latency sweep sends (the first eval prompts)."
+    )
     threshold: float = Field(
         default=0.15,
         gt=0,
@@ -406,6 +414,13 @@ class EvalConfig(_Strict):
     output: str | None = Field(
         default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval."
     )
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_levels(cls, value: list[int]) -> list[int]:
+        if any(c < 1 for c in value):
+            raise ValueError(f"concurrency levels must be >= 1, got {value}")
+        return value
 
     @field_validator("temperatures")
     @classmethod

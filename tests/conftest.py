@@ -88,11 +88,21 @@ def renderer(template: str = "qwen_strict", thinking: bool = False, placeholder:
 
 
 def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports: all bound at once, since a port closed and re-bound can come back (CI saw it)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 @pytest.fixture(scope="session", autouse=True)

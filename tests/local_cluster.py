@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import free_port
+from tests.conftest import free_ports
 
 BIN = Path(sys.executable).parent
 
@@ -41,7 +41,8 @@ class LocalCluster:
         self.head_cpus = head_cpus
         self.node_types = node_types
         self.idle_timeout_minutes = idle_timeout_minutes
-        self.gcs_port, self.dashboard_port, self.metrics_port = free_port(), free_port(), free_port()
+        # All of the cluster's ports in one draw, so no two of its components get the same one.
+        self.gcs_port, self.dashboard_port, self.metrics_port, *self.other_ports = free_ports(8)
         # Every process of this cluster has it in its command line; short: Ray's socket paths must fit in 107 bytes.
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
@@ -90,7 +91,7 @@ class LocalCluster:
 
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        ports = [free_port() for _ in range(5)]
+        ports = self.other_ports
         cmd = [
             str(BIN / "ray"),
             "start",

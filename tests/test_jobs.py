@@ -40,7 +40,8 @@ def check_demo_evaluation(doc: dict) -> None:
     """The demo's drafter is really accepted in vLLM, and the estimates agree with vLLM (issue 5's must-show)."""
     print(json.dumps({k: doc[k] for k in ("tau", "comparisons", "vllm_untrained_drafter")}, indent=1))
     greedy = doc["vllm"][0]
-    assert greedy["temperature"] == 0.0 and doc["tau"] == greedy["tau"] >= 2.5
+    # 2 epochs here (the recipe's 6 give τ 2.89; 2 gave 2.49 in BENCHMARKS.md)
+    assert greedy["temperature"] == 0.0 and doc["tau"] == greedy["tau"] >= 2.0
     assert doc["num_speculative_tokens"] == 3 and len(greedy["accepted_per_position"]) == 3
     assert doc["vllm_untrained_drafter"]["tau"] < 1.2  # the same prompts with an untrained drafter: about 1
     assert doc["greedy_replies_match_without_drafter"]  # speculative decoding stays lossless
@@ -52,7 +53,17 @@ def check_demo_evaluation(doc: dict) -> None:
     assert doc["offline_replay_sampled"][0]["steps"] == sampled["drafts"], doc["offline_replay_sampled"]
     assert len(doc["vllm_cpu_fixes"]) == 2
     assert all(g["tokens_per_s"] > 0 for g in doc["vllm_without_drafter"])
-    assert [Path(p).name for p in doc["plots"]] == ["acceptance.png", "training.png"]
+    # τ per category of the held-out prompts (each demo prompt names its task), weighted back to the whole.
+    categories = greedy["categories"]
+    assert set(doc["tau_by_category"]) == set(categories) == set(doc["prompts"]["categories"]) and len(categories) > 3
+    assert sum(c["drafts"] for c in categories.values()) == greedy["drafts"]
+    # The latency sweep through vLLM's OpenAI server: with the drafter and without, at each level.
+    rows = doc["latency"]["rows"]
+    assert [(r["drafter"], r["concurrency"]) for r in rows] == [("trained", 1), ("trained", 4), ("no", 1), ("no", 4)]
+    assert all(r["requests"] == 8 and r["ttft_ms"]["p50"] > 0 and r["tpot_ms"]["mean"] > 0 for r in rows)
+    assert all(r["tau"] > 1.5 for r in rows[:2]) and all(r["tau"] is None for r in rows[2:])
+    assert [s["concurrency"] for s in doc["latency"]["speedup"]] == [1, 4]
+    assert [Path(p).name for p in doc["plots"]] == ["acceptance.png", "latency.png", "training.png"]
     for plot in doc["plots"]:
         pixels = np.asarray(Image.open(plot).convert("L"))
         assert pixels.shape[0] > 300 and (pixels < 200).mean() > 0.01  # a drawn figure, not an empty canvas
@@ -111,6 +122,9 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         f"train.output={out}/train",
         f"train.cache={out}/cache",
         f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
+        "train.epochs=2",  # CI's time; the recipe's 6 are measured in BENCHMARKS.md
+        "eval.concurrency=[1,4]",
+        "eval.latency_prompts=8",
     ]
     watcher = MetricsWatcher(head.metrics_url)
     watcher.start()

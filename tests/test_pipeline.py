@@ -60,6 +60,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
             "train.reply_max_tokens=24",
             "eval.num_prompts=8",
             "eval.max_tokens=24",
+            "eval.concurrency=[]",  # the latency sweep runs in the demo job's test
             f"serve.http_port={free_port()}",
         ],
     )

@@ -115,11 +115,20 @@ def demo_rows(count: int, seed: int, split: str, exclude: frozenset[str] = froze
     return rows
 
 
+def task_of(prompt: str) -> str:
+    """The generator's task a user prompt asks for (copy, reverse, ..., add)."""
+    return prompt.removeprefix("please ").split()[0]
+
+
 def demo_splits() -> dict[str, list[dict[str, object]]]:
-    """The bundled demo data: training prompts, and held-out prompts none of which occurs in training."""
+    """The bundled demo data: training prompts, and held-out prompts none of which occurs in training; each held-out
+    prompt's `category` is the task of its open turn, so the evaluation reports τ per task."""
     train = demo_rows(*DEMO_SPLITS["train"], "train")
     seen = frozenset(json.dumps(r["messages"]) for r in train)
-    return {"train": train, "heldout": demo_rows(*DEMO_SPLITS["heldout"], "heldout", exclude=seen)}
+    heldout = demo_rows(*DEMO_SPLITS["heldout"], "heldout", exclude=seen)
+    for row in heldout:
+        row["category"] = task_of(row["messages"][-1]["content"])
+    return {"train": train, "heldout": heldout}
 
 
 def build_tokenizer() -> object:

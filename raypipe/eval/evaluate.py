@@ -6,7 +6,9 @@ Serve replica; the process exits afterwards so its memory is returned):
 2. vLLM without a drafter (the tokens/s baseline);
 3. vLLM with an untrained drafter of the same shape (the floor, τ about 1);
 4. the offline replay of 1's replies at every temperature with the drafter
-   outside vLLM (raypipe.eval.offline), on the target's reference states.
+   outside vLLM (raypipe.eval.offline), on the target's reference states;
+5. the latency sweep (raypipe.eval.latency): vLLM's OpenAI-compatible server
+   with the drafter and without, at each `eval.concurrency`.
 The training-time estimate comes from the run's ledger. `eval.json` and the
 plots are written to `eval.output` (default {train.output}/eval).
 """
@@ -22,7 +24,7 @@ import ray
 from raypipe.config import RaypipeConfig
 from raypipe.eval.offline import Replay, load_drafter, replay
 from raypipe.eval.prompts import load_prompts
-from raypipe.eval.report import measurements, plot_acceptance, plot_training
+from raypipe.eval.report import latency_table, measurements, plot_acceptance, plot_latency, plot_training
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
 from raypipe.layout import RunFolders, eval_output
 from raypipe.serve.deployment import engine_process_options
@@ -49,7 +51,11 @@ def _local_copy(export: Storage, directory: str) -> str:
 
 
 def _generate(
-    config: dict[str, Any], drafter: str | None, prompts: list[list[int]], temperatures: list[float]
+    config: dict[str, Any],
+    drafter: str | None,
+    prompts: list[list[int]],
+    groups: dict[str, list[int]] | None,
+    temperatures: list[float],
 ) -> tuple[list[Generation], list[str]]:
     """One vLLM engine: with the exported drafter, an untrained one of its shape, or none; and the fixes to vLLM's
     CPU kernels that its process installed (raypipe.serve.vllm_cpu_fixes)."""
@@ -75,8 +81,33 @@ def _generate(
             temperatures,
             max_tokens=cfg.eval.max_tokens,
             label=f"{drafter or 'no'} drafter",
+            groups=groups,
         )
     return runs, list(vllm_cpu_fixes.APPLIED)
+
+
+def _latency(config: dict[str, Any], drafter: str | None, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    """The latency sweep through vLLM's OpenAI-compatible server, with the exported drafter or without one."""
+    from raypipe.eval.latency import sweep
+    from raypipe.serve.vllm_args import engine_args
+
+    cfg = RaypipeConfig.model_validate(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        speculative = None
+        if drafter == TRAINED:
+            speculative = {
+                "method": "dflash",
+                "model": _local_copy(_export(cfg), tmp),
+                "num_speculative_tokens": cfg.train.block_size - 1,
+            }
+        return sweep(
+            engine_args(resolve_target(cfg.serve), cfg.serve),
+            speculative,
+            prompts[: cfg.eval.latency_prompts],
+            cfg.eval.concurrency,
+            cfg.eval.max_tokens,
+            drafter or "no",
+        )
 
 
 def _offline(
@@ -134,7 +165,7 @@ def _refusal(err: Exception) -> str:
 def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     """Measure, compare, plot; returns eval.json's content (also written to eval.output)."""
     export = _export(cfg)
-    sample_ids, prompts = load_prompts(cfg)
+    sample_ids, prompts, groups = load_prompts(cfg)
     config = cfg.model_dump()
     # A Serve replica's node type; the process exits after. The engine core runs in the task's process, so an
     # engine that cannot start raises vLLM's own error here instead of "Engine core initialization failed".
@@ -146,7 +177,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     trained: list[Generation] = []
     refused, fixes = None, []
     try:
-        trained, fixes = ray.get(generate.remote(config, TRAINED, prompts, temps))
+        trained, fixes = ray.get(generate.remote(config, TRAINED, prompts, groups, temps))
     except ray.exceptions.RayTaskError as err:
         refused = _refusal(err)
         print(
@@ -154,14 +185,21 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             flush=True,
         )
     print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
-    plain, _ = ray.get(generate.remote(config, None, prompts, temps))
+    plain, _ = ray.get(generate.remote(config, None, prompts, groups, temps))
     untrained = None
     if refused is None:
         print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
-        [untrained], _ = ray.get(generate.remote(config, UNTRAINED, prompts, [0.0]))
+        [untrained], _ = ray.get(generate.remote(config, UNTRAINED, prompts, groups, [0.0]))
     replies = {g.temperature: g.replies for g in trained} or {0.0: next(g for g in plain if g.temperature == 0).replies}
     print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
     offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, replies))
+
+    latency: list[dict[str, Any]] = []
+    if cfg.eval.concurrency:
+        print(f"[eval] latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}", flush=True)
+        sweep = ray.remote(**on_replica)(_latency)
+        for drafter in ([TRAINED] if refused is None else []) + [None]:
+            latency += ray.get(sweep.remote(config, drafter, prompts))
 
     _record_metrics(cfg.name, trained, untrained, offline)
     steps = read_training_curve(RunFolders.of(cfg).ledger)
@@ -173,11 +211,13 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             "source": cfg.eval.prompts,
             "count": len(prompts),
             "first_ids": sample_ids[:5],
+            "categories": {name: len(positions) for name, positions in groups.items()} if groups else None,
             "max_tokens": cfg.eval.max_tokens,
         },
         "num_speculative_tokens": cfg.train.block_size - 1,
         "vllm_cpu_fixes": fixes,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
+        "latency": latency_table(latency),
     }
     out = eval_output(cfg)
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,6 +229,8 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         if untrained is not None:
             series["vLLM, untrained drafter"] = untrained.summary()["acceptance_per_position"]
         plot_acceptance(series, Path(tmp, "acceptance.png"))
+        if latency:
+            plot_latency(latency, Path(tmp, "latency.png"))
         for name in sorted(p.name for p in Path(tmp).iterdir()):
             out.write(name, Path(tmp, name).read_bytes())
     doc["plots"] = [out.child(p).url for p in sorted(out.glob("*.png"))]

@@ -5,6 +5,8 @@ stage accepts). A trailing assistant turn is the reference reply and is
 dropped; what remains is rendered with the run's tokenizer, chat template and
 thinking setting, with the generation prompt appended. A row that cannot be
 used is an error naming the row: evaluation prompts are few and chosen.
+A row may carry a `category` (the paper reports math, code and chat apart):
+the evaluation then reports τ and speed per category.
 """
 
 from __future__ import annotations
@@ -38,10 +40,25 @@ def read_prompt_rows(url: str, count: int, storage_options: dict) -> list[tuple[
     return rows
 
 
-def load_prompts(cfg: RaypipeConfig) -> tuple[list[str], list[list[int]]]:
-    """(row ids, prompt token ids) of the first eval.num_prompts held-out conversations."""
+UNCATEGORIZED = "uncategorized"
+
+
+def categories_of(records: list[dict]) -> dict[str, list[int]] | None:
+    """Row positions per `category` field (math, code, chat, ...), in first-seen order; None when no row has one.
+    Rows without a category, beside rows with one, form their own group."""
+    if not any("category" in r for r in records):
+        return None
+    groups: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        groups.setdefault(str(record.get("category", UNCATEGORIZED)), []).append(i)
+    return groups
+
+
+def load_prompts(cfg: RaypipeConfig) -> tuple[list[str], list[list[int]], dict[str, list[int]] | None]:
+    """(row ids, prompt token ids, prompt positions per category or None) of the first eval.num_prompts held-out
+    conversations."""
     tok, _ = resolve_tokenizer(cfg.data)
-    ids, prompts = [], []
+    ids, prompts, records = [], [], []
     for where, record in read_prompt_rows(cfg.eval.prompts, cfg.eval.num_prompts, cfg.data.storage_options):
         try:
             conv = normalize(record)
@@ -68,4 +85,5 @@ def load_prompts(cfg: RaypipeConfig) -> tuple[list[str], list[list[int]]]:
             )
         ids.append(conv.id or where)
         prompts.append(prompt)
-    return ids, prompts
+        records.append(record)
+    return ids, prompts, categories_of(records)

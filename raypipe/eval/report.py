@@ -40,6 +40,14 @@ def training_estimate(steps: list[dict[str, float]], share: float = 0.1) -> floa
     return sum(s["tau_estimate"] for s in tail) / len(tail)
 
 
+def _with_speedup(g: Generation, without: Generation) -> dict[str, Any]:
+    """A generation's summary with its tokens/s over the drafter-less engine's, overall and per category."""
+    doc = {**g.summary(), "speedup": g.tokens_per_s / without.tokens_per_s}
+    for name, part in doc["categories"].items():
+        part["speedup"] = part["tokens_per_s"] / without.categories[name]["tokens_per_s"]
+    return doc
+
+
 def measurements(
     trained: list[Generation],
     refused: str | None,
@@ -77,6 +85,7 @@ def measurements(
         "comparisons": [],
         "disagreement": False,
         "greedy_replies_match_without_drafter": None,
+        "tau_by_category": None,
     }
     if refused is not None:
         return doc
@@ -92,7 +101,8 @@ def measurements(
     doc.update(
         tau=greedy.tau,
         tau_method="vllm",
-        vllm=[{**g.summary(), "speedup": g.tokens_per_s / baseline[g.temperature].tokens_per_s} for g in trained],
+        vllm=[_with_speedup(g, baseline[g.temperature]) for g in trained],
+        tau_by_category={name: part["tau"] for name, part in greedy.categories.items()} or None,
         comparisons=comparisons,
         disagreement=any(c["flagged"] for c in comparisons),
         greedy_replies_match_without_drafter=greedy.replies == baseline[0.0].replies,
@@ -134,6 +144,48 @@ def plot_acceptance(series: dict[str, list[float]], path: Path) -> None:
     ax.set_xticks(range(1, width + 1))
     ax.legend(loc="upper right", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def latency_table(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """eval.json's latency sweep: a row per (drafter, concurrency), and the drafter's speed-up per level (TPOT
+    without over TPOT with, and tokens/s with over without); None when the sweep was skipped."""
+    if not rows:
+        return None
+    by = {(r["drafter"], r["concurrency"]): r for r in rows}
+    speedup = [
+        {
+            "concurrency": c,
+            "tpot": by["no", c]["tpot_ms"]["mean"] / by[d, c]["tpot_ms"]["mean"],
+            "tokens_per_s": by[d, c]["tokens_per_s"] / by["no", c]["tokens_per_s"],
+            "tau": by[d, c]["tau"],
+        }
+        for d, c in by
+        if d != "no" and ("no", c) in by and by[d, c]["tpot_ms"] and by["no", c]["tpot_ms"]
+    ]
+    return {"rows": rows, "speedup": speedup}
+
+
+def plot_latency(rows: list[dict[str, Any]], path: Path) -> None:
+    """TPOT and tokens/s against concurrency, with and without the drafter; τ beside the drafter's points."""
+    fig, (tpot_ax, rate_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for drafter in dict.fromkeys(r["drafter"] for r in rows):
+        mine = [r for r in rows if r["drafter"] == drafter and r["tpot_ms"]]
+        x = [r["concurrency"] for r in mine]
+        label = "without a drafter" if drafter == "no" else f"{drafter} drafter"
+        tpot_ax.plot(x, [r["tpot_ms"]["mean"] for r in mine], marker="o", label=label)
+        rate_ax.plot(x, [r["tokens_per_s"] for r in mine], marker="o", label=label)
+        for r in mine:
+            if r["tau"] is not None:
+                tpot_ax.annotate(f"τ {r['tau']:.2f}", (r["concurrency"], r["tpot_ms"]["mean"]), fontsize=8)
+    tpot_ax.set(title="Time per output token", xlabel="concurrent requests", ylabel="TPOT, mean (ms)")
+    rate_ax.set(title="Throughput", xlabel="concurrent requests", ylabel="generated tokens / s")
+    for ax in (tpot_ax, rate_ax):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

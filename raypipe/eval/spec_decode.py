@@ -11,7 +11,7 @@ that tokens/s compares like with like across engines.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 COUNTERS = {
@@ -33,6 +33,7 @@ class Generation:
     draft_tokens: int
     accepted_tokens: int
     accepted_per_position: list[int]
+    categories: dict[str, dict[str, Any]] = field(default_factory=dict)  # per category: its generation's summary
 
     @property
     def generated_tokens(self) -> int:
@@ -73,6 +74,58 @@ def _read(llm: Any) -> dict[str, Any]:
     return out
 
 
+def _generate_once(llm: Any, prompts: list[list[int]], temperature: float, max_tokens: int, label: str) -> Generation:
+    """One generate call over `prompts`, with the counters it moved."""
+    from vllm import SamplingParams
+
+    from raypipe.progress import vllm_progress
+
+    before = _read(llm)
+    start = time.perf_counter()
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0),
+        use_tqdm=vllm_progress(f"[eval] {label}, temperature {temperature:g}"),
+    )
+    seconds = time.perf_counter() - start
+    after = _read(llm)
+    width = len(after["accepted_per_position"])
+    return Generation(
+        temperature=temperature,
+        replies=[list(o.outputs[0].token_ids) for o in outputs],
+        seconds=seconds,
+        drafts=after["drafts"] - before["drafts"],
+        draft_tokens=after["draft_tokens"] - before["draft_tokens"],
+        accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
+        accepted_per_position=[
+            a - b for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)
+        ],
+    )
+
+
+def merge(temperature: float, parts: dict[str, Generation], groups: dict[str, list[int]]) -> Generation:
+    """The per-category generations as one over all prompts (replies back in prompt order), each kept summarised."""
+    replies: list[list[int]] = [[] for _ in range(sum(map(len, groups.values())))]
+    for name, positions in groups.items():
+        for position, reply in zip(positions, parts[name].replies, strict=True):
+            replies[position] = reply
+    widths = {len(p.accepted_per_position) for p in parts.values()} - {0}
+    per_position = [
+        sum(p.accepted_per_position[k] for p in parts.values() if p.accepted_per_position)
+        for k in range(max(widths, default=0))
+    ]
+    return Generation(
+        temperature=temperature,
+        replies=replies,
+        seconds=sum(p.seconds for p in parts.values()),
+        drafts=sum(p.drafts for p in parts.values()),
+        draft_tokens=sum(p.draft_tokens for p in parts.values()),
+        accepted_tokens=sum(p.accepted_tokens for p in parts.values()),
+        accepted_per_position=per_position,
+        categories={name: p.summary() for name, p in parts.items()},
+    )
+
+
 def generate_in_vllm(
     engine: dict[str, Any],
     drafter: str | None,
@@ -82,12 +135,13 @@ def generate_in_vllm(
     *,
     max_tokens: int,
     label: str = "vLLM",
+    groups: dict[str, list[int]] | None = None,
 ) -> list[Generation]:
     """Generate the prompt set once per temperature on one engine (`vllm.LLM` arguments, raypipe.serve.vllm_args),
-    speculative when `drafter` is given; `label` names its progress lines."""
+    speculative when `drafter` is given; `label` names its progress lines. With `groups` (prompt positions per
+    category) each category is its own generate call, so that its τ and tokens/s are its own."""
     from vllm import LLM, SamplingParams
 
-    from raypipe.progress import vllm_progress
     from raypipe.serve.reaper import engine_processes
 
     speculative = (
@@ -101,30 +155,14 @@ def generate_in_vllm(
         )  # warm-up
         runs = []
         for temperature in temperatures:
-            before = _read(llm)
-            start = time.perf_counter()
-            outputs = llm.generate(
-                [{"prompt_token_ids": p} for p in prompts],
-                SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0),
-                use_tqdm=vllm_progress(f"[eval] {label}, temperature {temperature:g}"),
-            )
-            seconds = time.perf_counter() - start
-            after = _read(llm)
-            width = len(after["accepted_per_position"])
-            runs.append(
-                Generation(
-                    temperature=temperature,
-                    replies=[list(o.outputs[0].token_ids) for o in outputs],
-                    seconds=seconds,
-                    drafts=after["drafts"] - before["drafts"],
-                    draft_tokens=after["draft_tokens"] - before["draft_tokens"],
-                    accepted_tokens=after["accepted_tokens"] - before["accepted_tokens"],
-                    accepted_per_position=[
-                        a - b
-                        for a, b in zip(after["accepted_per_position"], before["accepted_per_position"] or [0] * width)
-                    ],
-                )
-            )
+            if groups is None:
+                runs.append(_generate_once(llm, prompts, temperature, max_tokens, label))
+                continue
+            parts = {
+                name: _generate_once(llm, [prompts[i] for i in positions], temperature, max_tokens, f"{label}, {name}")
+                for name, positions in groups.items()
+            }
+            runs.append(merge(temperature, parts, groups))
         return runs
     finally:
         processes.reap()

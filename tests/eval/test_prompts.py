@@ -27,8 +27,8 @@ def test_a_trailing_reply_is_dropped_and_the_generation_prompt_appended(tmp_path
         {"id": "b", "messages": [{"role": "user", "content": "copy : a b"}]},
         {"conversations": [{"from": "human", "value": "add 1 + 2"}]},
     ]
-    ids, prompts = load_prompts(_cfg(_write(tmp_path / "p.jsonl", rows), "eval.num_prompts=2"))
-    assert ids == ["a", "b"]
+    ids, prompts, groups = load_prompts(_cfg(_write(tmp_path / "p.jsonl", rows), "eval.num_prompts=2"))
+    assert ids == ["a", "b"] and groups is None
     assert prompts[0] == prompts[1]
     tok = build_tokenizer()
     assert tok.convert_ids_to_tokens(prompts[0]) == [
@@ -53,9 +53,21 @@ def test_a_trailing_reply_is_dropped_and_the_generation_prompt_appended(tmp_path
     ]
 
 
-def test_the_bundled_heldout_prompts_load() -> None:
-    ids, prompts = load_prompts(load_config("demo"))
+def test_the_bundled_heldout_prompts_load_with_their_categories() -> None:
+    ids, prompts, groups = load_prompts(load_config("demo"))
     assert len(prompts) == 100 and len(set(ids)) == 100 and all(i.startswith("demo-heldout-") for i in ids)
+    assert set(groups) == {"copy", "reverse", "repeat", "pairs", "count", "add"}
+    assert sorted(i for positions in groups.values() for i in positions) == list(range(100))
+
+
+def test_rows_without_a_category_beside_rows_with_one_form_their_own_group(tmp_path: Path) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": "add 1 + 2"}], "category": "math"},
+        {"messages": [{"role": "user", "content": "copy : a"}]},
+        {"messages": [{"role": "user", "content": "add 3 + 4"}], "category": "math"},
+    ]
+    _, _, groups = load_prompts(_cfg(_write(tmp_path / "p.jsonl", rows)))
+    assert groups == {"math": [0, 2], "uncategorized": [1]}
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from PIL import Image
 
 from raypipe.eval.offline import Replay
 from raypipe.eval.report import compare, measurements, plot_acceptance, plot_training, training_estimate
-from raypipe.eval.spec_decode import Generation
+from raypipe.eval.spec_decode import Generation, merge
 
 
 def test_an_estimate_beyond_the_threshold_is_flagged() -> None:
@@ -84,3 +84,22 @@ def test_a_drafter_vllm_refuses_is_reported_with_its_error_and_the_offline_repla
     doc = measurements([], refused, plain, None, {0.0: Replay(8, 4, [3, 1, 0])}, [], 0.15)
     assert doc["tau"] == 1.5 and doc["tau_method"] == "offline_replay" and doc["vllm_refused_drafter"] == refused
     assert doc["vllm"] == [] and doc["comparisons"] == [] and doc["vllm_untrained_drafter"] is None
+
+
+def test_categories_are_merged_in_prompt_order_and_reported_with_their_speedup() -> None:
+    groups = {"math": [0, 2], "chat": [1]}
+    trained = merge(
+        0.0,
+        {"math": _generation(0.0, [[1], [3]], 8), "chat": _generation(0.0, [[2]], 2)},
+        groups,
+    )
+    assert trained.replies == [[1], [2], [3]] and trained.drafts == 20 and trained.accepted_tokens == 10
+    assert trained.accepted_per_position == [10, 0, 0] and trained.seconds == 2.0
+    plain = merge(0.0, {"math": _generation(0.0, [[1], [3]], 0), "chat": _generation(0.0, [[2]], 0)}, groups)
+    plain.categories["chat"]["tokens_per_s"] /= 2  # the drafter doubles chat's rate
+    doc = measurements([trained], None, [plain], None, {0.0: Replay(20, 10, [10, 0, 0])}, [], 0.15)
+    assert doc["tau_by_category"] == {"math": 1.8, "chat": 1.2}
+    assert (
+        doc["vllm"][0]["categories"]["chat"]["speedup"] == 2.0
+        and doc["vllm"][0]["categories"]["math"]["speedup"] == 1.0
+    )
