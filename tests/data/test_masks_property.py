@@ -191,8 +191,9 @@ def test_generation_marker_mask_equals_transformers(messages):
     if row["ids"] == list(out["input_ids"]):
         assert row["mask"] == list(out["assistant_masks"])
     else:
-        # Only where BPE merges the prompt's final newline into a reply starting with a newline do the
-        # tokenizations differ; transformers then masks a token the engine never emits. Ours splits it.
+        # Only where BPE merges the prompt's final newline into a reply starting with whitespace (a newline, or
+        # spaces before the newline the template puts ahead of a tool call) do the tokenizations differ;
+        # transformers then masks a token the engine never emits. Ours splits it.
         replies = [
             "<think>"
             if m.get("reasoning_content")
@@ -200,7 +201,7 @@ def test_generation_marker_mask_equals_transformers(messages):
             for m in messages
             if m["role"] == "assistant"
         ]
-        assert any(r[:1] in ("\r", "\n") for r in replies), replies
+        assert any(r[:1].isspace() for r in replies), replies
         got = ["".join(tok.decode(row["ids"][a:b])) for a, b in runs(row["mask"])]
         assert all(g.endswith("<|im_end|>") for g in got) and len(got) == len(replies)
 
