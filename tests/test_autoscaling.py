@@ -99,6 +99,7 @@ def test_prepare_and_train_scale_the_node_types_up_and_back_down(
         f"train.output={out}/train",
         "train.resource=train_gpu",
         "train.epochs=2",
+        "train.draft_layers=1",  # CI's time: the scaling is under test, not the drafter
         "train.hidden_states=online",
         "train.cache=null",
         f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
