@@ -117,3 +117,9 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     )
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
     assert doc["vllm_untrained_drafter"]["drafts"] > 0
+    # The draft vocabulary's cost and reach: the step with 4,096 of 248,320 head rows, the replies' tokens it holds.
+    vocab = doc["draft_vocab"]
+    assert vocab["size"] == 4096 and vocab["target_vocab_size"] == 248_320, vocab
+    assert [s["temperature"] for s in vocab["reply_tokens_in_vocab"]] == [0.0, 1.0]
+    assert all(0 < s["share"] <= 1 for s in vocab["reply_tokens_in_vocab"])
+    assert vocab["drafter_step_ms"]["draft_vocab"] > 0 and vocab["full_over_draft"] > 0

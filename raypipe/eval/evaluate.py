@@ -22,9 +22,16 @@ from typing import Any
 import ray
 
 from raypipe.config import RaypipeConfig
-from raypipe.eval.offline import Replay, load_drafter, replay
+from raypipe.eval.offline import Replay, load_drafter, replay, step_seconds
 from raypipe.eval.prompts import load_prompts
-from raypipe.eval.report import latency_table, measurements, plot_acceptance, plot_latency, plot_training
+from raypipe.eval.report import (
+    draft_vocab_summary,
+    latency_table,
+    measurements,
+    plot_acceptance,
+    plot_latency,
+    plot_training,
+)
 from raypipe.eval.spec_decode import Generation, generate_in_vllm
 from raypipe.layout import RunFolders, eval_output
 from raypipe.serve.deployment import engine_process_options
@@ -112,9 +119,9 @@ def _latency(config: dict[str, Any], drafter: str | None, prompts: list[list[int
 
 def _offline(
     config: dict[str, Any], prompts: list[list[int]], replies: dict[float, list[list[int]]]
-) -> dict[float, Replay]:
+) -> tuple[dict[float, Replay], dict[str, Any] | None]:
     """The replay of vLLM's replies at each temperature with the exported drafter on the target's reference states
-    (fp32, transformers)."""
+    (fp32, transformers); with a draft vocabulary, also what it costs and saves (report.draft_vocab_summary)."""
     import torch
 
     from raypipe.serve.hf_engine import TransformersEngine
@@ -128,7 +135,15 @@ def _offline(
     with tempfile.TemporaryDirectory() as tmp:
         vocab = read_draft_vocab(cfg, target.shape.vocab_size)
         drafter = load_drafter(build_drafter(target, cfg.train, vocab), _local_copy(_export(cfg), tmp)).to(device)
-    return {t: replay(drafter, engine, prompts, r) for t, r in replies.items()}
+    replays = {t: replay(drafter, engine, prompts, r) for t, r in replies.items()}
+    if vocab is None:
+        return replays, None
+    # The same drafter's step with the target's whole head (untrained: only its cost is read), on the first replies.
+    full = build_drafter(target, cfg.train.model_copy(update={"draft_vocab_size": None}), None).eval().to(device)
+    pairs = list(zip(prompts, replies[min(replies)], strict=True))[:8]
+    inputs = [(p + r, engine.extract([p + r])[0], len(p)) for p, r in pairs]
+    seconds = step_seconds({"draft_vocab": drafter, "full_vocab": full}, inputs)
+    return replays, draft_vocab_summary(vocab.t2d.cpu().numpy(), replies, seconds)
 
 
 def _record_metrics(
@@ -192,7 +207,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         [untrained], _ = ray.get(generate.remote(config, UNTRAINED, prompts, groups, [0.0]))
     replies = {g.temperature: g.replies for g in trained} or {0.0: next(g for g in plain if g.temperature == 0).replies}
     print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
-    offline = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, replies))
+    offline, draft_vocab = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, replies))
 
     latency: list[dict[str, Any]] = []
     if cfg.eval.concurrency:
@@ -218,6 +233,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         "vllm_cpu_fixes": fixes,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
         "latency": latency_table(latency),
+        "draft_vocab": draft_vocab,
     }
     out = eval_output(cfg)
     with tempfile.TemporaryDirectory() as tmp:

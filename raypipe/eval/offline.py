@@ -25,6 +25,7 @@ the reply's end differs (the replay extends it greedily).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +102,19 @@ def drafted_blocks(
     return anchors, drafted.reshape(len(anchors), drafter.block_size)[:, 1:]  # slot 0 is the anchor itself
 
 
+def _block_inputs(
+    drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """drafted_blocks' inputs with an anchor at every reply position but the last: (ids, states, loss mask)."""
+    pad = drafter.block_size  # the model takes no anchor in its last block_size positions
+    device = next(drafter.parameters()).device
+    input_ids = torch.tensor(ids + [ids[-1]] * pad, device=device).unsqueeze(0)
+    loss_mask = torch.zeros_like(input_ids)
+    loss_mask[0, prompt_len : len(ids) - 1] = 1
+    hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).to(device, torch.float32)
+    return input_ids, hidden, loss_mask
+
+
 @torch.no_grad()
 def accepted_at_every_position(
     drafter: torch.nn.Module, ids: list[int], states: torch.Tensor, prompt_len: int
@@ -108,13 +122,7 @@ def accepted_at_every_position(
     """accepted[p] for every reply position p but the last: drafted tokens after anchor p matching ids."""
     block = drafter.block_size
     n = len(ids)
-    pad = block  # the model takes no anchor in its last block_size positions
-    device = next(drafter.parameters()).device
-    input_ids = torch.tensor(ids + [ids[-1]] * pad, device=device).unsqueeze(0)
-    loss_mask = torch.zeros_like(input_ids)
-    loss_mask[0, prompt_len : n - 1] = 1
-    hidden = torch.cat([states, states[-1:].expand(pad, -1, -1)]).to(device, torch.float32)
-    anchors, drafted = drafted_blocks(drafter, input_ids, hidden, loss_mask)
+    anchors, drafted = drafted_blocks(drafter, *_block_inputs(drafter, ids, states, prompt_len))
     accepted = np.zeros(n, dtype=np.int64)
     for row, p in enumerate(anchors):
         truth = ids[p + 1 : p + block]
@@ -151,3 +159,22 @@ def replay(drafter: Any, target: Any, prompts: list[list[int]], replies: list[li
         [states] = target.extract([ids])
         total = total + walk(accepted_at_every_position(drafter, ids, states, len(prompt)), len(prompt), end, width)
     return total
+
+
+def step_seconds(
+    drafters: dict[str, torch.nn.Module], inputs: list[tuple[list[int], torch.Tensor, int]], repeats: int = 3
+) -> dict[str, float]:
+    """Mean seconds of one drafting pass (drafted_blocks) over `inputs` (ids, states, prompt length) per drafter,
+    after a warm-up pass; the drafters take turns, so that the machine's noise falls on each."""
+    prepared = {name: [_block_inputs(d, *x) for x in inputs] for name, d in drafters.items()}
+    times: dict[str, list[float]] = {name: [] for name in drafters}
+    for round_ in range(repeats + 1):
+        for name, drafter in drafters.items():
+            start = time.perf_counter()
+            for x in prepared[name]:
+                drafted_blocks(drafter, *x)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if round_:
+                times[name].append(time.perf_counter() - start)
+    return {name: sum(t) / len(t) for name, t in times.items()}

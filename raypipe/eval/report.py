@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
@@ -147,6 +148,25 @@ def plot_acceptance(series: dict[str, list[float]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def draft_vocab_summary(
+    kept: np.ndarray, replies: dict[float, list[list[int]]], seconds: dict[str, float]
+) -> dict[str, Any]:
+    """eval.json's `draft_vocab`: its size; the share of vLLM's reply tokens it holds at each temperature (a token
+    outside it is never drafted, so the share bounds acceptance); the drafter's step time with it and with the
+    target's whole vocabulary (`seconds` from raypipe.eval.offline.step_seconds). `kept` is t2d: bool per token."""
+    shares = []
+    for temperature, rs in sorted(replies.items()):
+        tokens = np.fromiter((t for r in rs for t in r), np.int64)
+        shares.append({"temperature": temperature, "share": float(kept[tokens].mean()) if tokens.size else None})
+    return {
+        "size": int(kept.sum()),
+        "target_vocab_size": int(kept.size),
+        "reply_tokens_in_vocab": shares,
+        "drafter_step_ms": {name: 1000 * s for name, s in seconds.items()},
+        "full_over_draft": seconds["full_vocab"] / seconds["draft_vocab"],
+    }
 
 
 def latency_table(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
