@@ -36,7 +36,7 @@ ENDOFTEXT, IM_END = 151_643, 151_645
 
 def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> None:
     (tmp_path / "src").mkdir()
-    for name, rows in (("openai", 90), ("sharegpt", 60)):
+    for name, rows in (("openai", 60), ("sharegpt", 40)):
         lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
         (tmp_path / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
     twins = [
@@ -53,13 +53,13 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
             f"data.output={tmp_path}/prepared",
             f"train.output={tmp_path}/train",
             "train.epochs=3",
-            "train.max_steps=24",
-            "train.checkpoint_every=12",
+            "train.max_steps=12",  # CI's time: two checkpoints and three log lines are what is checked
+            "train.checkpoint_every=6",
             "train.log_every=4",
             "train.draft_vocab_size=4096",
-            "train.reply_max_tokens=24",
+            "train.reply_max_tokens=16",
             "eval.num_prompts=8",
-            "eval.max_tokens=24",
+            "eval.max_tokens=16",
             "eval.concurrency=[]",  # the latency sweep runs in the demo job's test
             f"serve.http_port={free_port()}",
         ],
@@ -69,7 +69,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     # Data: the tokenizer names <|endoftext|> as eos; the turn end comes from the template.
     manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
     assert manifest["end_of_turn"] == {"token": "<|im_end|>", "id": IM_END}
-    assert manifest["counts"]["rows_kept"] > 100 and manifest["counts"]["needs_response"] > 0
+    assert manifest["counts"]["rows_kept"] > 60 and manifest["counts"]["needs_response"] > 0
 
     # Service: the replica passed the parity canary against transformers (canary: refuse would have stopped it).
     assert done["train"]["canary"].startswith("canary ok"), done["train"]["canary"]
@@ -81,7 +81,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
         for r in pq.read_table(f).column("reply_ids").to_pylist()
     ]
     assert len(replies) == manifest["counts"]["needs_response"]
-    assert all(IM_END not in r[:-1] and 0 < len(r) <= 24 for r in replies)
+    assert all(IM_END not in r[:-1] and 0 < len(r) <= 16 for r in replies)
     # The two rows that share a sample_id got a reply each, to their own prompt (replies are keyed by row position).
     rows = open_rows(cfg)
     rows.load_replies()
@@ -90,7 +90,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
 
     # Training: the drafter for the composite target trained to the last step; the export is what vLLM loads.
     curve = read_training_curve(RunFolders.of(cfg).ledger)
-    assert curve[-1]["step"] == 24 and sum(s["steps"] for s in curve) == 24
+    assert curve[-1]["step"] == 12 and sum(s["steps"] for s in curve) == 12
     drafter = json.loads((tmp_path / "train" / "drafter" / "config.json").read_text())
     assert drafter["draft_vocab_size"] == 4096 and drafter["speculators_config"]["verifier"]["architectures"] == [
         "Qwen3_5ForConditionalGeneration"
