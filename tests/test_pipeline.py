@@ -53,7 +53,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
             f"data.output={tmp_path}/prepared",
             f"train.output={tmp_path}/train",
             "train.epochs=3",
-            "train.max_steps=12",  # CI's time: two checkpoints and three log lines are what is checked
+            "train.max_steps=12",  # CI's time: 12 steps still cross two epochs' ends and two checkpoints
             "train.checkpoint_every=6",
             "train.log_every=4",
             "train.draft_vocab_size=4096",
@@ -69,7 +69,7 @@ def test_tiny_qwen36_pipeline_end_to_end(ray_cluster: str, tmp_path: Path) -> No
     # Data: the tokenizer names <|endoftext|> as eos; the turn end comes from the template.
     manifest = json.loads((tmp_path / "prepared" / "manifest.json").read_text())
     assert manifest["end_of_turn"] == {"token": "<|im_end|>", "id": IM_END}
-    assert manifest["counts"]["rows_kept"] > 60 and manifest["counts"]["needs_response"] > 0
+    assert manifest["counts"]["rows_kept"] > 100 and manifest["counts"]["needs_response"] > 0
 
     # Service: the replica passed the parity canary against transformers (canary: refuse would have stopped it).
     assert done["train"]["canary"].startswith("canary ok"), done["train"]["canary"]
