@@ -34,8 +34,10 @@ def _details(args: argparse.Namespace, doc: dict[str, Any]) -> None:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from raypipe.config import load_config
     from raypipe.data.pipeline import run_prepare
+    from raypipe.data.sources import check_sources
 
     cfg = load_config(args.recipe, args.overrides)
+    check_sources(cfg.data.sources, cfg.data.storage_options)
     _connect_ray(args)
     manifest = run_prepare(cfg.data)  # prints its summary line
     _details(args, {"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]})
@@ -112,9 +114,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     from raypipe.config import load_config
+    from raypipe.data.sources import check_sources
     from raypipe.pipeline import run_pipeline
 
     cfg = load_config(args.recipe, args.overrides)
+    check_sources(cfg.data.sources, cfg.data.storage_options)
     _connect_ray(args)
     done = run_pipeline(cfg)
     ev, tr = done["eval"], done["train"]

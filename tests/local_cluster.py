@@ -159,7 +159,7 @@ class LocalCluster:
             status = str(client.get_job_status(submission_id).value)
             if status in ("SUCCEEDED", "FAILED", "STOPPED"):
                 return status, client.get_job_logs(submission_id)
-            time.sleep(5)
+            time.sleep(1)
         client.stop_job(submission_id)
         return "TIMEOUT", client.get_job_logs(submission_id)
 
@@ -177,7 +177,7 @@ class LocalCluster:
         victims = {p for root in mine for p in [root, *_children(root)]}
         for p in victims:
             _signal(p, "terminate")
-        _, alive = psutil.wait_procs(list(victims), timeout=10)
+        _, alive = psutil.wait_procs(list(victims), timeout=3)  # a test cluster: nothing in it needs a longer goodbye
         for p in alive:
             _signal(p, "kill")
         shutil.rmtree(self.temp_dir, ignore_errors=True)

@@ -111,6 +111,13 @@ def list_files(source: SourceConfig, storage_options: dict[str, Any]) -> list[st
     return files
 
 
+def check_sources(sources: list[SourceConfig], storage_options: dict[str, Any]) -> None:
+    """Raise `list_files`' error for a source that matches no data file: called before Ray starts, so a wrong path
+    fails in a second rather than after the cluster and the tokenizer."""
+    for source in sources:
+        list_files(source, storage_options)
+
+
 def unmatched_files(sources: list[SourceConfig], storage_options: dict[str, Any]) -> list[str]:
     """Files the sources' paths reach that are not read (another suffix, e.g. .JSONL or .jsonl.zst)."""
     return sorted({url for source in sources for url in _listing(source, storage_options)[1]})

@@ -1,7 +1,7 @@
 """Ray wiring of the evaluation stage: vLLM's τ for the exported drafter, beside the estimates.
 
-Each engine runs in its own Ray task (one at a time, on the resources of a
-Serve replica; the process exits afterwards so its memory is returned):
+The engines run one at a time in an actor with a Serve replica's resources
+(`EngineHosts`), killed afterwards so that its memory is returned:
 1. vLLM with the exported drafter at every `eval.temperatures`;
 2. vLLM without a drafter (the tokens/s baseline);
 3. vLLM with an untrained drafter of the same shape (the floor, τ about 1);
@@ -16,12 +16,13 @@ plots are written to `eval.output` (default {train.output}/eval).
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import ray
 
-from raypipe.config import RaypipeConfig
+from raypipe.config import RaypipeConfig, ServeConfig
 from raypipe.eval.offline import Replay, load_drafter, replay, step_seconds
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import (
@@ -146,6 +147,44 @@ def _offline(
     return replays, draft_vocab_summary(vocab.t2d.cpu().numpy(), replies, seconds)
 
 
+class EngineHosts:
+    """The processes the evaluation's engines run in, one engine at a time, each with a Serve replica's resources.
+
+    On CPU one actor runs them all: an engine's memory returns when it is collected (the process's RSS stayed flat
+    over five engines in a row, BENCHMARKS.md), and each later engine saves a Ray worker's start and vLLM's import.
+    On GPUs each engine gets its own actor, since vLLM does not give a GPU's memory back in-process. An actor whose
+    engine failed is replaced: a failed start may leave its process half set up. The engine core runs in the actor's
+    process, so an engine that cannot start raises vLLM's own error here instead of "Engine core initialization
+    failed"."""
+
+    def __init__(self, cfg: ServeConfig) -> None:
+        self.options, self.shared, self.host = engine_process_options(cfg), not cfg.num_gpus, None
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        host, self.host = self.host or _Host.options(**self.options).remote(), None
+        try:
+            result = ray.get(host.run.remote(fn, *args))
+        except BaseException:
+            ray.kill(host)
+            raise
+        if self.shared:
+            self.host = host
+        else:
+            ray.kill(host)
+        return result
+
+    def close(self) -> None:
+        if self.host is not None:
+            ray.kill(self.host)
+            self.host = None
+
+
+@ray.remote
+class _Host:
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return fn(*args)
+
+
 def _record_metrics(
     run: str, trained: list[Generation], untrained: Generation | None, offline: dict[float, Replay]
 ) -> None:
@@ -172,7 +211,7 @@ def _record_metrics(
 
 
 def _refusal(err: Exception) -> str:
-    """vLLM's own error, from the Ray task that started the engine (in-process engine core: the real exception)."""
+    """vLLM's own error, from the actor that started the engine (in-process engine core: the real exception)."""
     cause = getattr(err, "cause", None) or err
     return f"{type(cause).__name__}: {cause}".splitlines()[0]
 
@@ -182,39 +221,39 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     export = _export(cfg)
     sample_ids, prompts, groups = load_prompts(cfg)
     config = cfg.model_dump()
-    # A Serve replica's node type; the process exits after. The engine core runs in the task's process, so an
-    # engine that cannot start raises vLLM's own error here instead of "Engine core initialization failed".
-    on_replica = {**engine_process_options(cfg.serve), "max_calls": 1}
-    generate = ray.remote(**on_replica)(_generate)
     temps = cfg.eval.temperatures
-
-    print(f"[eval] 1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}", flush=True)
-    trained: list[Generation] = []
-    refused, fixes = None, []
+    hosts = EngineHosts(cfg.serve)
     try:
-        trained, fixes = ray.get(generate.remote(config, TRAINED, prompts, groups, temps))
-    except ray.exceptions.RayTaskError as err:
-        refused = _refusal(err)
-        print(
-            f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",
-            flush=True,
-        )
-    print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
-    plain, _ = ray.get(generate.remote(config, None, prompts, groups, temps))
-    untrained = None
-    if refused is None:
-        print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
-        [untrained], _ = ray.get(generate.remote(config, UNTRAINED, prompts, groups, [0.0]))
-    replies = {g.temperature: g.replies for g in trained} or {0.0: next(g for g in plain if g.temperature == 0).replies}
-    print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
-    offline, draft_vocab = ray.get(ray.remote(**on_replica)(_offline).remote(config, prompts, replies))
+        print(f"[eval] 1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}", flush=True)
+        trained: list[Generation] = []
+        refused, fixes = None, []
+        try:
+            trained, fixes = hosts.call(_generate, config, TRAINED, prompts, groups, temps)
+        except ray.exceptions.RayTaskError as err:
+            refused = _refusal(err)
+            print(
+                f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",
+                flush=True,
+            )
+        print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
+        plain, _ = hosts.call(_generate, config, None, prompts, groups, temps)
+        untrained = None
+        if refused is None:
+            print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
+            [untrained], _ = hosts.call(_generate, config, UNTRAINED, prompts, groups, [0.0])
+        replies = {g.temperature: g.replies for g in trained} or {
+            0.0: next(g for g in plain if g.temperature == 0).replies
+        }
+        print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
+        offline, draft_vocab = hosts.call(_offline, config, prompts, replies)
 
-    latency: list[dict[str, Any]] = []
-    if cfg.eval.concurrency:
-        print(f"[eval] latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}", flush=True)
-        sweep = ray.remote(**on_replica)(_latency)
-        for drafter in ([TRAINED] if refused is None else []) + [None]:
-            latency += ray.get(sweep.remote(config, drafter, prompts))
+        latency: list[dict[str, Any]] = []
+        if cfg.eval.concurrency:
+            print(f"[eval] latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}", flush=True)
+            for drafter in ([TRAINED] if refused is None else []) + [None]:
+                latency += hosts.call(_latency, config, drafter, prompts)
+    finally:
+        hosts.close()
 
     _record_metrics(cfg.name, trained, untrained, offline)
     steps = read_training_curve(RunFolders.of(cfg).ledger)
