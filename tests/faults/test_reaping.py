@@ -187,12 +187,11 @@ def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_se
 ):
     from ray import serve
 
-    from raypipe.serve.deployment import HiddenStateService
+    from raypipe.serve.deployment import HiddenStateService, engine_process_options
     from tests.conftest import serve_config
 
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
-        serve_config(tiny_target, layer_ids=[1, 2, 4], canary="off")
-    )
+    cfg = serve_config(tiny_target, layer_ids=[1, 2, 4], canary="off")
+    app = HiddenStateService.options(ray_actor_options=engine_process_options(cfg)).bind(cfg)
     handle = serve.run(app, name="reaping_test", route_prefix=None)
     try:
         stats = handle.stats.remote().result()

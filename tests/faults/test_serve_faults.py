@@ -21,7 +21,7 @@ from ray import serve
 from ray.exceptions import TaskCancelledError
 from ray.serve.exceptions import RequestCancelledError
 
-from raypipe.serve.deployment import HiddenStateService
+from raypipe.serve.deployment import HiddenStateService, engine_process_options
 from raypipe.serve.transport import OWNER, as_tensor, release_owner
 from tests.conftest import serve_config
 
@@ -33,9 +33,8 @@ RESULT_TIMEOUT_S = 120  # a request that hangs fails the test instead of blockin
 
 @pytest.fixture(scope="module")
 def service(ray_cluster: str, tiny_target: str) -> Any:
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}, max_ongoing_requests=64).bind(
-        serve_config(tiny_target, layer_ids=LAYERS, canary="off")
-    )
+    cfg = serve_config(tiny_target, layer_ids=LAYERS, canary="off")
+    app = HiddenStateService.options(ray_actor_options=engine_process_options(cfg), max_ongoing_requests=64).bind(cfg)
     handle = serve.run(app, name="hidden_states_faults", route_prefix=None)
     yield handle
     serve.delete("hidden_states_faults")

@@ -10,7 +10,7 @@ import ray
 import torch
 from ray import serve
 
-from raypipe.serve.deployment import HiddenStateService
+from raypipe.serve.deployment import HiddenStateService, engine_process_options
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import StateFile, as_tensor
@@ -79,9 +79,8 @@ def test_bad_requests_are_refused_and_the_replica_stays_healthy(service, batch, 
 
 
 def test_vllm_engine_in_a_serve_replica_passes_the_canary_and_serves_reference_states(ray_cluster, tiny_target):
-    app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
-        serve_config(tiny_target, layer_ids=LAYERS)
-    )
+    cfg = serve_config(tiny_target, layer_ids=LAYERS)
+    app = HiddenStateService.options(ray_actor_options=engine_process_options(cfg)).bind(cfg)
     handle = serve.run(app, name="hidden_states_vllm", route_prefix=None)
     try:
         assert handle.stats.remote().result()["canary"].startswith("canary ok")
