@@ -16,6 +16,7 @@ plots are written to `eval.output` (default {train.output}/eval).
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -255,6 +256,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     finally:
         hosts.close()
 
+    recorded = time.monotonic()
     _record_metrics(cfg.name, trained, untrained, offline)
     steps = read_training_curve(RunFolders.of(cfg).ledger)
     doc = {
@@ -298,4 +300,13 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
                 f"({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)",
                 flush=True,
             )
+    _await_metrics_export(recorded)
     return doc
+
+
+def _await_metrics_export(since: float) -> None:
+    """Stay up until Ray has exported the metrics set at `since`: this process exports them periodically, and a gauge
+    set by a process that exits before the next export never reaches the metrics endpoint (a job's driver ends right
+    after the evaluation, so the dashboard missed τ). Costs at most one export interval (10 s by default)."""
+    interval_s = max(ray._config.metrics_report_interval_ms(), 1000) / 1000  # Ray's own floor on the interval
+    time.sleep(max(0.0, since + interval_s + 1 - time.monotonic()))
