@@ -282,34 +282,23 @@ class ShardPreparer:
         except json.JSONDecodeError as err:
             raise Reject("parse", "invalid_json", f"malformed JSON: {err.msg} at column {err.colno}") from None
 
-    def _encode_rows(self, rows: list[Segmented]) -> list[tuple[list[int], list[int]]]:
-        """(ids, tokens per piece) of each row, each piece tokenized on its own as if alone (no token crosses a piece).
+    def _encode_rows(self, rows: list[Segmented]) -> list[list[int]]:
+        """The ids of every piece of these rows, in order, each piece tokenized on its own as if alone (no token
+        crosses a piece).
 
-        A render-once row is one encoding, its pieces the pre-split words. Per-turn rows repeat their conversation's
-        history, so they are put together from the texts between special tokens (a text's tokens are its parts'
-        tokens end to end, as the tokenizer splits there first), each distinct part encoded once per call: their
-        cost grows with the conversation, not with the square of its turns."""
-        whole = [seg for seg in rows if seg.turn is None]
-        encodings = iter(
-            self.backend.encode_batch(
-                [[text for text, _ in seg.pieces] for seg in whole], is_pretokenized=True, add_special_tokens=False
-            )
-        )
+        Each distinct piece of the render-once rows is encoded once per call, with the batch call that computes no
+        offsets (a prompt-only row's placeholder tail is the same text in every row). Per-turn rows repeat their
+        conversation's history, so theirs are put together from the texts between special tokens (a text's tokens
+        are its parts' tokens end to end, as the tokenizer splits there first), each distinct part encoded once per
+        call: their cost grows with the conversation, not with the square of its turns."""
+        whole = list(dict.fromkeys(text for seg in rows if seg.turn is None for text, _ in seg.pieces))
+        ids = {text: e.ids for text, e in zip(whole, self.backend.encode_batch_fast(whole, add_special_tokens=False))}
         split = self._split_pieces([seg for seg in rows if seg.turn is not None])
-        parts = self._encode_parts(split)
-        encoded = []
-        for seg in rows:
-            if seg.turn is not None:
-                encoded.append(self._from_parts(seg, split, parts))
-                continue
-            e = next(encodings)
-            ids = e.ids
-            if len(seg.pieces) == 1:
-                encoded.append((ids, [len(ids)]))
-                continue
-            spans = [e.word_to_tokens(i) for i in range(len(seg.pieces))]
-            encoded.append((ids, [0 if s is None else s[1] - s[0] for s in spans]))
-        return encoded
+        if split:
+            parts = self._encode_parts(split)
+            for text, text_parts in split.items():
+                ids[text] = list(chain.from_iterable(parts[part] for part in text_parts))
+        return [ids[text] for seg in rows for text, _ in seg.pieces]
 
     def _split_pieces(self, rows: list[Segmented]) -> dict[str, list[str]]:
         """Each distinct piece text of these rows, cut into its non-empty texts between special tokens (once: the
@@ -324,23 +313,10 @@ class ShardPreparer:
             part: e.ids for part, e in zip(distinct, self.backend.encode_batch_fast(distinct, add_special_tokens=False))
         }
 
-    @staticmethod
-    def _from_parts(
-        seg: Segmented, split: dict[str, list[str]], parts: dict[str, list[int]]
-    ) -> tuple[list[int], list[int]]:
-        ids: list[int] = []
-        lengths = []
-        for text, _ in seg.pieces:
-            before = len(ids)
-            for part in split[text]:
-                ids.extend(parts[part])
-            lengths.append(len(ids) - before)
-        return ids, lengths
-
     def _encode(
         self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
-    ) -> tuple[list[_Pending], list[tuple[list[int], list[int]]]]:
-        """(rows the tokenizer took, their encodings): one batched call, or row by row when it fails."""
+    ) -> tuple[list[_Pending], list[list[int]]]:
+        """(rows the tokenizer took, the ids of their pieces): one batched call, or row by row when it fails."""
         try:
             return pending, self._encode_rows([seg for p in pending for seg in p.rows])
         except Exception:  # noqa: BLE001 - one bad text fails the whole call; find it row by row
@@ -369,62 +345,64 @@ class ShardPreparer:
     def _tokenize(
         self, chunk: Chunk, pending: list[_Pending], counts: _Counts, rejects: list[dict[str, Any]]
     ) -> pa.RecordBatch:
-        """One batched tokenizer call for every row, then numpy assembly."""
+        """One batched tokenizer call for every row, then numpy assembly: Python looks at a row on its own only when
+        it is over `max_length`, so the per-row cost stays small beside the tokenizer's."""
         pending, encoded = self._encode(chunk, pending, counts, rejects)
         rows = [(p, seg) for p in pending for seg in p.rows]
         n_pieces = sum(len(seg.pieces) for _, seg in rows)
-        lengths = np.fromiter(chain.from_iterable(n for _, n in encoded), dtype=np.int64, count=n_pieces)
-        flat = np.fromiter(chain.from_iterable(ids for ids, _ in encoded), dtype=np.int32, count=int(lengths.sum()))
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n_pieces)
+        flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
         supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=n_pieces)
         mask = np.repeat(supervised, lengths)
-        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        offsets = np.concatenate([[0], np.cumsum(lengths)])  # token offset of each piece
         loss_before = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])  # supervised tokens before each position
         counts.tokens_tokenized += len(flat)
 
-        ids_out, mask_out, list_offsets = [], [], [0]
-        columns: dict[str, list[Any]] = {
-            k: [] for k in ("sample_id", "source", "num_tokens", "num_loss_tokens", "needs_response", "prompt_len")
-        }
-        piece = 0
-        for p, seg in rows:
-            a, b = int(offsets[piece]), int(offsets[piece + len(seg.pieces)])
-            prompt_len = int(offsets[piece + seg.prompt_pieces]) - a
-            piece += len(seg.pieces)
-            row_id = p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}"
+        pieces = np.fromiter((len(seg.pieces) for _, seg in rows), dtype=np.int64, count=len(rows))
+        first = np.concatenate([[0], np.cumsum(pieces)])  # first piece of each row, and the end
+        prompt_pieces = np.fromiter((seg.prompt_pieces for _, seg in rows), dtype=np.int64, count=len(rows))
+        start, end = offsets[first[:-1]], offsets[first[1:]]
+        size, prompt_len = end - start, offsets[first[:-1] + prompt_pieces] - start
+        row_ids = [p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}" for p, seg in rows]
+        for i in np.flatnonzero(size > self.cfg.max_length):  # the length policy, row by row where it applies
+            (p, seg), a, b = rows[i], int(start[i]), int(end[i])
             try:
-                n, prompt_len = fit_length(
-                    mask[a:b], prompt_len, seg.needs_response, self.cfg.max_length, self.cfg.overlength
+                n, prompt_len[i] = fit_length(
+                    mask[a:b], int(prompt_len[i]), seg.needs_response, self.cfg.max_length, self.cfg.overlength
                 )
             except Reject as rej:
-                _add_reject(chunk, row_id, p.position, p.raw, rej, counts, rejects)
+                _add_reject(chunk, row_ids[i], p.position, p.raw, rej, counts, rejects)
+                size[i] = -1
                 continue
             counts.truncated += n < b - a
-            row_mask = mask[a : a + n]
-            n_loss = int(loss_before[a + n] - loss_before[a])
-            ids_out.append(flat[a : a + n])
-            mask_out.append(row_mask)
-            list_offsets.append(list_offsets[-1] + n)
-            columns["sample_id"].append(row_id)
-            columns["source"].append(chunk.source)
-            columns["num_tokens"].append(n)
-            columns["num_loss_tokens"].append(n_loss)
-            columns["needs_response"].append(seg.needs_response)
-            columns["prompt_len"].append(prompt_len)
-            counts.rows_kept += 1
-            counts.needs_response += seg.needs_response
-            counts.tokens += n
-            counts.loss_tokens += n_loss
-            counts.histogram[int(np.searchsorted(HISTOGRAM_EDGES, n))] += 1
-        list_offsets_arr = pa.array(list_offsets, type=pa.int32())
-        empty_i32, empty_i8 = np.zeros(0, np.int32), np.zeros(0, np.int8)
+            size[i] = n
+
+        kept = np.flatnonzero(size >= 0)
+        start, size = start[kept], size[kept]
+        list_offsets = np.concatenate([[0], np.cumsum(size)])
+        if len(kept) == len(rows) and list_offsets[-1] == len(flat):  # every token kept: no gather
+            ids_out, mask_out = flat, mask
+        else:
+            take = np.arange(list_offsets[-1]) + np.repeat(start - list_offsets[:-1], size)
+            ids_out, mask_out = flat[take], mask[take]
+        n_loss = loss_before[start + size] - loss_before[start]
+        needs_response = np.fromiter((seg.needs_response for _, seg in rows), dtype=bool, count=len(rows))[kept]
+        counts.rows_kept += len(kept)
+        counts.needs_response += int(needs_response.sum())
+        counts.tokens += int(size.sum())
+        counts.loss_tokens += int(n_loss.sum())
+        histogram = np.bincount(np.searchsorted(HISTOGRAM_EDGES, size), minlength=len(HISTOGRAM_EDGES) + 1)
+        counts.histogram = [a + int(b) for a, b in zip(counts.histogram, histogram, strict=True)]
+        offsets_arr = pa.array(list_offsets.astype(np.int32))
         arrays = {
-            **{k: pa.array(v, type=PREPARED_SCHEMA.field(k).type) for k, v in columns.items()},
-            "input_ids": pa.ListArray.from_arrays(
-                list_offsets_arr, pa.array(np.concatenate(ids_out) if ids_out else empty_i32)
-            ),
-            "loss_mask": pa.ListArray.from_arrays(
-                list_offsets_arr, pa.array(np.concatenate(mask_out) if mask_out else empty_i8)
-            ),
+            "sample_id": pa.array([row_ids[i] for i in kept], type=pa.string()),
+            "source": pa.array([chunk.source] * len(kept), type=pa.string()),
+            "input_ids": pa.ListArray.from_arrays(offsets_arr, pa.array(ids_out)),
+            "loss_mask": pa.ListArray.from_arrays(offsets_arr, pa.array(mask_out)),
+            "num_tokens": pa.array(size.astype(np.int32)),
+            "num_loss_tokens": pa.array(n_loss.astype(np.int32)),
+            "needs_response": pa.array(needs_response),
+            "prompt_len": pa.array(prompt_len[kept].astype(np.int32)),
         }
         return pa.RecordBatch.from_arrays([arrays[f.name] for f in PREPARED_SCHEMA], schema=PREPARED_SCHEMA)
 
