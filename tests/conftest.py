@@ -20,31 +20,22 @@ from raypipe.config import DataConfig, ServeConfig  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
 from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E402
 
-# Modules whose cluster tests run on a second session cluster (`ray_cluster` is one per worker process).
-SECOND_CLUSTER = ("tests/test_pipeline.py", "tests/train/test_training.py", "tests/faults/test_reply_race.py")
-
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`-n 4 --dist loadgroup`, pyproject's default) the integration tests run in four streams,
-    one per worker, each test of a stream after the other; the unit tests go to whichever worker is free (the one
-    with the shortest stream first):
-    - "cluster" and "cluster2": the tests on a session's Ray cluster (`ray_cluster`), split between two workers, each
-      with its own cluster;
-    - "demo": the tests that need the demo target, so that it is built once;
-    - "apart": the others, which start their own clusters, servers or engines.
-    With two streams CPU stood idle while a stream waited (on an autoscaler, a deploy, a job's poll), and the
-    streams were each longer than the suite's CPU work over two cores (BENCHMARKS.md, issue 14)."""
+    """Under pytest-xdist (`-n 3 --dist loadgroup`, pyproject's default) the integration tests run in two streams,
+    one per worker, each test of a stream after the other, and the unit tests on the third worker beside them:
+    - "cluster": the tests on the session's Ray cluster (`ray_cluster`: one cluster per process, so one stream);
+    - "apart": the others, which start their own clusters, servers, engines or the demo target's build.
+    One stream alone leaves a core idle for much of its time (waiting on an autoscaler, a deploy, a single-threaded
+    build). Two streams with the unit tests after them took 1,587 s; the unit tests beside them, 1,502 s. Four
+    streams kept the cores busy (6% idle) but ran the machine short of memory (21 of 23 GiB used, an engine refused):
+    BENCHMARKS.md, issue 14."""
     for item in items:
         if "ray_cluster" in item.fixturenames:
-            group = "cluster2" if item.nodeid.split("::")[0] in SECOND_CLUSTER else "cluster"
-        elif "demo_target" in item.fixturenames:
-            group = "demo"
-        elif item.get_closest_marker("integration"):
-            group = "apart"
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif item.get_closest_marker("integration") or "demo_target" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("apart"))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
