@@ -349,7 +349,8 @@ class ShardPreparer:
         it is over `max_length`, so the per-row cost stays small beside the tokenizer's."""
         pending, encoded = self._encode(chunk, pending, counts, rejects)
         rows = [(p, seg) for p in pending for seg in p.rows]
-        n_pieces = sum(len(seg.pieces) for _, seg in rows)
+        pieces = np.fromiter((len(seg.pieces) for _, seg in rows), dtype=np.int64, count=len(rows))
+        n_pieces = int(pieces.sum())
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=n_pieces)
         flat = np.fromiter(chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
         supervised = np.fromiter((sup for _, seg in rows for _, sup in seg.pieces), dtype=np.int8, count=n_pieces)
@@ -358,7 +359,6 @@ class ShardPreparer:
         loss_before = np.concatenate([[0], np.cumsum(mask, dtype=np.int64)])  # supervised tokens before each position
         counts.tokens_tokenized += len(flat)
 
-        pieces = np.fromiter((len(seg.pieces) for _, seg in rows), dtype=np.int64, count=len(rows))
         first = np.concatenate([[0], np.cumsum(pieces)])  # first piece of each row, and the end
         prompt_pieces = np.fromiter((seg.prompt_pieces for _, seg in rows), dtype=np.int64, count=len(rows))
         start, end = offsets[first[:-1]], offsets[first[1:]]
@@ -380,7 +380,7 @@ class ShardPreparer:
         kept = np.flatnonzero(size >= 0)
         start, size = start[kept], size[kept]
         list_offsets = np.concatenate([[0], np.cumsum(size)])
-        if len(kept) == len(rows) and list_offsets[-1] == len(flat):  # every token kept: no gather
+        if list_offsets[-1] == len(flat):  # every row kept whole: no gather
             ids_out, mask_out = flat, mask
         else:
             take = np.arange(list_offsets[-1]) + np.repeat(start - list_offsets[:-1], size)

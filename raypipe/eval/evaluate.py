@@ -307,6 +307,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
 def _await_metrics_export(since: float) -> None:
     """Stay up until Ray has exported the metrics set at `since`: this process exports them periodically, and a gauge
     set by a process that exits before the next export never reaches the metrics endpoint (a job's driver ends right
-    after the evaluation, so the dashboard missed τ). Costs at most one export interval (10 s by default)."""
+    after the evaluation, so the dashboard missed τ). Costs at most one export interval (10 s by default) and a
+    second."""
     interval_s = max(ray._config.metrics_report_interval_ms(), 1000) / 1000  # Ray's own floor on the interval
     time.sleep(max(0.0, since + interval_s + 1 - time.monotonic()))
