@@ -8,10 +8,17 @@ python3 -m venv .venv
 stamp=".venv/.raypipe-installed"
 want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    .venv/bin/python -m pip install -q -e ".[$extras]"
+    # uv installs the project in about 15 s where pip took about 100 s (BENCHMARKS.md, issue 14). It reads no pip
+    # configuration, so pip's find-links (where a machine keeps a local CPU torch wheel) are passed on.
+    .venv/bin/python -m pip install -q uv==0.13.8
+    links=()
+    for dir in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
+        links+=(--find-links "$dir")
+    done
+    uv=(.venv/bin/uv pip --quiet)
+    "${uv[@]}" install --python .venv/bin/python "${links[@]}" -e ".[$extras]"
     # PyPI's torchaudio/torchcodec break `import transformers` beside the CPU torch; nothing needs them.
-    .venv/bin/python -m pip uninstall -q -y torchaudio torchcodec || true
+    "${uv[@]}" uninstall --python .venv/bin/python torchaudio torchcodec || true
     if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"; then
         # vLLM's Qwen3.5/3.6 module needs torchvision, whose CUDA-built ops cannot load beside the CPU torch.
         .venv/bin/python -m raypipe.cpu_torchvision
