@@ -16,7 +16,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         links+=(--find-links "$dir")
     done
     uv=(.venv/bin/uv pip --quiet)
-    "${uv[@]}" install --python .venv/bin/python "${links[@]}" -e ".[$extras]"
+    "${uv[@]}" install --python .venv/bin/python --compile-bytecode "${links[@]}" -e ".[$extras]"
     # PyPI's torchaudio/torchcodec break `import transformers` beside the CPU torch; nothing needs them.
     "${uv[@]}" uninstall --python .venv/bin/python torchaudio torchcodec || true
     if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"; then
