@@ -15,6 +15,10 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # one auth mode for the test
 # (measured: the demo target's build ran 2.0x slower with 2 threads than with 1 beside a busy process, 1.25x
 # faster alone). Set before torch is imported; the processes the tests start inherit it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Ray starts its workers at nice 15, below the pytest processes: on 2 cores the stream on the session's cluster then
+# stalled while the other streams' in-process work ran (a data-stage test: 35 s alone, 136 s in CI), and finished
+# last, alone, with a core idle. At nice 0 the streams share the cores evenly. The test clusters inherit it.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from raypipe.config import DataConfig, ServeConfig  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
