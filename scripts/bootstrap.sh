@@ -8,8 +8,10 @@ python3 -m venv .venv
 stamp=".venv/.raypipe-installed"
 want="$(cat pyproject.toml scripts/bootstrap.sh | sha256sum | cut -c1-16) $extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    # uv installs the project in about 15 s where pip took about 100 s (BENCHMARKS.md, issue 14). It reads no pip
-    # configuration, so pip's find-links (where a machine keeps a local CPU torch wheel) are passed on.
+    # uv installs the project in 33-42 s where pip took about 100 s (BENCHMARKS.md, issue 14). It reads no pip
+    # configuration, so pip's find-links (where a machine keeps a local CPU torch wheel) are passed on. It compiles
+    # the bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, no process would ever write it, and
+    # each would compile torch, transformers and vLLM from source again (their import took twice as long).
     .venv/bin/python -m pip install -q uv==0.13.8
     links=()
     for dir in $(.venv/bin/python -m pip config get global.find-links 2>/dev/null || true) ${PIP_FIND_LINKS:-}; do
