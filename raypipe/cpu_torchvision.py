@@ -54,19 +54,36 @@ def define_missing_ops(package_dir: Path) -> bool:
     return True
 
 
-class _BeforeTorchvision(importlib.abc.MetaPathFinder):
-    """Runs `define_missing_ops` when `import torchvision` first looks for the package, then steps aside."""
+class _DefineOpsFirst(importlib.abc.Loader):
+    """torchvision's own loader, preceded by `define_missing_ops` when the package is executed."""
 
-    done = False
+    def __init__(self, loader: importlib.abc.Loader, package_dir: Path) -> None:
+        self.loader, self.package_dir = loader, package_dir
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        define_missing_ops(self.package_dir)
+        module.__loader__ = module.__spec__.loader = self.loader  # from here on torchvision is as if imported plainly
+        self.loader.exec_module(module)
+
+
+class _BeforeTorchvision(importlib.abc.MetaPathFinder):
+    """Gives `import torchvision` a loader that runs `define_missing_ops` first.
+
+    Only an import pays: `importlib.util.find_spec("torchvision")`, which `import transformers` calls to see what
+    is installed, gets the spec and imports nothing (defining the ops imports torch, 2 s of every process that
+    imports transformers and not torch, the data stage's driver among them).
+    """
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != "torchvision" or self.done:
+        if fullname != "torchvision" or "torchvision" in sys.modules:
             return None
-        self.done = True  # not removed from sys.meta_path: the import system is iterating over it
-        spec = importlib.machinery.PathFinder.find_spec(fullname)
-        if spec is not None and spec.origin:
-            define_missing_ops(Path(spec.origin).parent)
-        return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is not None and spec.origin and spec.loader is not None:
+            spec.loader = _DefineOpsFirst(spec.loader, Path(spec.origin).parent)
+        return spec
 
 
 def install_hook() -> None:

@@ -22,7 +22,10 @@ def run(code: str) -> subprocess.CompletedProcess:
 
 def test_a_new_interpreter_imports_torchvision_and_the_qwen2_vl_image_processor() -> None:
     out = run(
-        "import sys; assert 'torch' not in sys.modules\n"  # the hook costs nothing until torchvision is imported
+        "import importlib.util, sys\n"
+        # The hook costs nothing until torchvision is imported: not even transformers' probe for it imports torch.
+        "assert importlib.util.find_spec('torchvision') and 'torch' not in sys.modules\n"
+        "import transformers; assert 'torch' not in sys.modules\n"
         "import torchvision.transforms.v2, torchvision.extension as ext\n"
         "from transformers.models.qwen2_vl import image_processing_qwen2_vl\n"
         "print(torchvision.__version__, ext._has_ops())"
