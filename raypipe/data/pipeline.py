@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from typing import Any
 
@@ -46,7 +47,12 @@ def shard_bytes(cfg: DataConfig, input_bytes: int) -> int:
 class _PrepareActor:
     """Ray Data UDF: one chunk per call, written before the call returns."""
 
-    def __init__(self, cfg_json: str, spec: list[ray.ObjectRef]) -> None:
+    def __init__(self, cfg_json: str, spec: list[ray.ObjectRef], threads: str) -> None:
+        # The tokenizer's thread pool is sized here, before its first batch, not by a runtime_env: an actor with its
+        # own runtime_env cannot take one of Ray's idle workers and starts a new one (about 1 s more to each actor's
+        # start on 2 cores, BENCHMARKS.md).
+        os.environ["RAYON_NUM_THREADS"] = threads
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
         cfg = DataConfig.model_validate_json(cfg_json)
         self.preparer = ShardPreparer(cfg, ray.get(spec[0]))  # the spec's one copy, from the object store
         self.output = PreparedOutput.of(cfg)
@@ -127,11 +133,10 @@ def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> dict
     ds = ray.data.from_items([{"chunk": json.dumps(c.to_dict())} for c in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         _PrepareActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": [ray.put(spec)]},
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": [ray.put(spec)], "threads": threads},
         batch_size=1,
         compute=ActorPoolStrategy(min_size=1, max_size=cfg.num_actors, initial_size=actors),
         num_cpus=cfg.cpus_per_actor,
-        runtime_env={"env_vars": {"RAYON_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "true"}},
     )
     rows, actor_s = 0, 0.0
     bar = progress(len(todo), "[prepare] shards", "shards")

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -137,6 +138,36 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
     assert all(metrics.values()), f"not exported: {[n for n, v in metrics.items() if not v]}"
     assert any('source="mixed"' in line for line in metrics["ray_raypipe_data_rows_total"])
     assert any('reason="invalid_utf8"' in line for line in metrics["ray_raypipe_data_rejects_total"])
+
+
+def test_each_actor_sizes_the_tokenizer_thread_pool_to_its_cpus(ray_cluster, tmp_path):
+    """The pool is sized in the actor's constructor, not by a runtime_env (which would keep the actor off Ray's idle
+    workers). Its threads are those the first shard starts under the calling thread's name (a new thread inherits
+    it; Ray's own threads have their own names and come and go)."""
+    from raypipe.data.pipeline import _PrepareActor
+    from raypipe.data.sources import plan_chunks
+    from raypipe.data.tokenizer import resolve_tokenizer
+
+    cfg = config(write_inputs(tmp_path / "in", n=200), tmp_path / "out")
+    chunk = json.dumps(plan_chunks(cfg.sources, {}, 1 << 30)[0].to_dict())
+    spec = [ray.put(resolve_tokenizer(cfg)[1])]
+
+    @ray.remote(num_cpus=0.5)
+    class Actor(_PrepareActor):
+        def threads_started_by_a_shard(self) -> int:
+            def named_like_this_thread() -> int:
+                me = Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text()
+                return sum(t.read_text() == me for t in Path("/proc/self/task").glob("*/comm"))
+
+            before = named_like_this_thread()
+            self({"chunk": [chunk]})
+            return named_like_this_thread() - before
+
+    started = {
+        n: ray.get(Actor.remote(cfg.model_dump_json(), spec, str(n)).threads_started_by_a_shard.remote())
+        for n in (1, 3)
+    }
+    assert started == {1: 1, 3: 3}
 
 
 def test_a_shard_whose_rows_are_all_rejected_is_written_and_counted(ray_cluster, tmp_path):
