@@ -47,13 +47,13 @@ def shard_bytes(cfg: DataConfig, input_bytes: int) -> int:
 class _PrepareActor:
     """Ray Data UDF: one chunk per call, written before the call returns."""
 
-    def __init__(self, cfg_json: str, spec: list[ray.ObjectRef], threads: str) -> None:
-        # The tokenizer's thread pool is sized here, before its first batch, not by a runtime_env: an actor with its
-        # own runtime_env cannot take one of Ray's idle workers and starts a new one (about 1 s more to each actor's
-        # start on 2 cores, BENCHMARKS.md).
-        os.environ["RAYON_NUM_THREADS"] = threads
-        os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    def __init__(self, cfg_json: str, spec: list[ray.ObjectRef]) -> None:
         cfg = DataConfig.model_validate_json(cfg_json)
+        # One tokenizer thread per reserved CPU (the batched call would otherwise use every core), set here before the
+        # tokenizer's first batch, not by a runtime_env: an actor with its own runtime_env cannot take one of Ray's
+        # idle workers and starts a new one (about 1 s more to each actor's start on 2 cores, BENCHMARKS.md).
+        os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cfg.cpus_per_actor)))
+        os.environ["TOKENIZERS_PARALLELISM"] = "true"
         self.preparer = ShardPreparer(cfg, ray.get(spec[0]))  # the spec's one copy, from the object store
         self.output = PreparedOutput.of(cfg)
         self.rows = Counter("raypipe_data_rows", "Input rows prepared by the data stage.", ("source",))
@@ -126,14 +126,12 @@ def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]
 def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> dict[str, float]:
     """Prepare `todo` on the actor pool; returns where the time went (`wall_s`: the dataset from creation to its
     last shard; `actor_s`: the actors' own work, summed; `actors`: how many ran)."""
-    # One tokenizer thread per reserved CPU: the batched call would otherwise use every core.
-    threads = str(max(1, math.floor(cfg.cpus_per_actor)))
     actors = min(cfg.num_actors, len(todo))
     start = time.monotonic()
     ds = ray.data.from_items([{"chunk": json.dumps(c.to_dict())} for c in todo], override_num_blocks=len(todo))
     ds = ds.map_batches(
         _PrepareActor,
-        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": [ray.put(spec)], "threads": threads},
+        fn_constructor_kwargs={"cfg_json": cfg.model_dump_json(), "spec": [ray.put(spec)]},
         batch_size=1,
         compute=ActorPoolStrategy(min_size=1, max_size=cfg.num_actors, initial_size=actors),
         num_cpus=cfg.cpus_per_actor,

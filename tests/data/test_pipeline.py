@@ -141,16 +141,17 @@ def test_prepare_writes_shards_manifest_and_rejects_then_resumes_identically(ray
 
 
 def test_each_actor_sizes_the_tokenizer_thread_pool_to_its_cpus(ray_cluster, tmp_path):
-    """The pool is sized in the actor's constructor, not by a runtime_env (which would keep the actor off Ray's idle
-    workers). Its threads are those the first shard starts under the calling thread's name (a new thread inherits
-    it; Ray's own threads have their own names and come and go)."""
+    """The pool is sized from `data.cpus_per_actor` in the actor's constructor, not by a runtime_env (which would keep
+    the actor off Ray's idle workers). Its threads are those the first shard starts under the calling thread's name (a
+    new thread inherits it; Ray's own threads have their own names and come and go)."""
     from raypipe.data.pipeline import _PrepareActor
     from raypipe.data.sources import plan_chunks
     from raypipe.data.tokenizer import resolve_tokenizer
 
-    cfg = config(write_inputs(tmp_path / "in", n=200), tmp_path / "out")
-    chunk = json.dumps(plan_chunks(cfg.sources, {}, 1 << 30)[0].to_dict())
-    spec = [ray.put(resolve_tokenizer(cfg)[1])]
+    inputs = write_inputs(tmp_path / "in", n=200)
+    cfg = {n: config(inputs, tmp_path / "out", cpus_per_actor=n) for n in (1, 3)}
+    chunk = json.dumps(plan_chunks(cfg[1].sources, {}, 1 << 30)[0].to_dict())
+    spec = [ray.put(resolve_tokenizer(cfg[1])[1])]
 
     @ray.remote(num_cpus=0.5)
     class Actor(_PrepareActor):
@@ -164,8 +165,7 @@ def test_each_actor_sizes_the_tokenizer_thread_pool_to_its_cpus(ray_cluster, tmp
             return named_like_this_thread() - before
 
     started = {
-        n: ray.get(Actor.remote(cfg.model_dump_json(), spec, str(n)).threads_started_by_a_shard.remote())
-        for n in (1, 3)
+        n: ray.get(Actor.remote(cfg[n].model_dump_json(), spec).threads_started_by_a_shard.remote()) for n in (1, 3)
     }
     assert started == {1: 1, 3: 3}
 
