@@ -90,7 +90,7 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
 def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]]:
     """`run_prepare`, and where this run's time went (`_run_actors`; empty when every shard was done already)."""
     tok, spec = resolve_tokenizer(cfg)
-    print(f"[prepare] chat template rendered by {spec.template_engine_note}")
+    print(f"[prepare] chat template rendered by {spec.template_engine_note}; {spec.incremental_note}")
     deps = dependencies(cfg, spec)  # before planning: it drops cached listings of the inputs
     output = PreparedOutput.of(cfg)
     plan = output.planned_chunks(deps)  # a resumed run keeps its shards

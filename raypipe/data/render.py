@@ -24,6 +24,11 @@ are rendered as context and never supervised.
 The output is a list of pieces (text, supervised) per row: tokenizing each
 piece separately keeps BPE from merging a token across a mask boundary.
 
+When `incremental.verify` proved that the template renders every prefix of a
+conversation as a prefix of the whole, the row and every turn's boundaries come
+from one render of the template marked at each message (`_segment_incremental`):
+one render per conversation, linear in its turns, instead of two per turn.
+
 A prompt-only conversation (the common case) is rendered once, with the
 generation prompt; the placeholder's rendered form is appended as the
 template renders it after a reference prompt. That text is never trained on
@@ -34,11 +39,13 @@ per row that would only confirm it is not spent.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
+from raypipe.data import incremental
 from raypipe.data.formats import Conversation, Reject
 from raypipe.data.template_engine import GENERATION_TAG, build_engine, choose_engine
 
@@ -76,8 +83,11 @@ class ChatRenderer:
         placeholder: str,
         reserved: list[str],
         engine: str | None = None,
+        generation_prompt: str | None = None,
     ) -> None:
-        """`engine`: the name of the engine `choose_engine` already verified for this template; None runs it here."""
+        """`engine` and `generation_prompt`: the driver's verdicts on this template (`choose_engine`'s engine; the
+        generation prompt if `incremental.verify` proved one render per conversation enough, else None). With
+        `engine` None, both are reached here."""
         self.eot = end_of_turn
         self.placeholder = placeholder
         # special tokens that no content may spell out: they would tokenize as control tokens
@@ -85,8 +95,14 @@ class ChatRenderer:
         self.raw_reserved = _raw_screen(reserved)
         if engine is None:
             self.engine = choose_engine(chat_template, template_kwargs).engine
+            generation_prompt = incremental.verify(chat_template, template_kwargs, self.engine.name)[0]
         else:
             self.engine = build_engine(chat_template, template_kwargs, engine)
+        self.generation_prompt = generation_prompt
+        self.marked = None
+        if generation_prompt is not None:
+            marked_kwargs = {**template_kwargs, incremental.MARK_VAR: incremental.MARK}
+            self.marked = build_engine(incremental.mark_turns(chat_template), marked_kwargs, self.engine.name)
         self.has_markers = bool(GENERATION_TAG.search(chat_template))
         self.placeholder_tail = self._placeholder_tail()
 
@@ -101,6 +117,7 @@ class ChatRenderer:
             placeholder,
             list(spec.reserved),
             spec.template_engine,
+            spec.incremental_prompt,
         )
 
     def _placeholder_tail(self) -> str | None:
@@ -155,6 +172,10 @@ class ChatRenderer:
             messages.append({"role": "assistant", "content": self.placeholder})
         if self.has_markers:
             return [self._segment_markers(messages, conv.tools, needs_response, conv.context_only)]
+        if self.marked is not None and messages[0]["role"] != "assistant":  # the proof covers prefixes of 1 or more
+            row = self._segment_incremental(messages, conv.tools, needs_response, conv.context_only)
+            if row is not None:
+                return [row]
         full = self._render(messages, conv.tools, False)
         turns = self._turns(messages, conv.tools, full, needs_response, conv.context_only)
         if all(full.startswith(t.text[: t.end]) for t in turns):
@@ -188,19 +209,12 @@ class ChatRenderer:
                 continue  # e.g. an assistant turn before any user query: kept as context only
             through = full if k == last else self._render(messages[: k + 1], tools, False)
             if not through.startswith(prefix):
-                raise Reject(
-                    "render",
-                    "turn_does_not_extend_prompt",
-                    f"messages[{k}] does not render as a continuation of its generation prompt "
-                    "(reasoning on a turn while enable_thinking is false?)",
-                )
+                raise _does_not_extend(k)
             end = through.rfind(
                 self.eot, len(prefix)
             )  # the turn's own closing token; _cut refuses a span holding another
             if end < 0:
-                raise Reject(
-                    "render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {self.eot}"
-                )
+                raise _no_end_of_turn(k, self.eot)
             turns.append(
                 _Turn(
                     k,
@@ -212,6 +226,33 @@ class ChatRenderer:
             )
         _require_supervision(turns, needs_response)
         return turns
+
+    def _segment_incremental(
+        self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]
+    ) -> Segmented | None:
+        """The render-once row from one render of the marked template: messages[:k] renders as the text before
+        message k's mark, with the generation prompt as that text plus the prompt, so each turn's prompt and text
+        are slices of it, and the checks of `_turns` are made on the slices. None when the data holds a mark."""
+        assert self.marked is not None and self.generation_prompt is not None
+        cut = incremental.cut_marks(self.marked.render(messages, tools, False), len(messages))
+        if cut is None:
+            return None
+        full, offsets = cut
+        last = len(messages) - 1
+        turns = []
+        for k, msg in enumerate(messages):
+            if msg["role"] != "assistant":
+                continue
+            if not full.startswith(self.generation_prompt, offsets[k], offsets[k + 1]):
+                raise _does_not_extend(k)
+            start = offsets[k] + len(self.generation_prompt)
+            end = full.rfind(self.eot, start, offsets[k + 1])
+            if end < 0:
+                raise _no_end_of_turn(k, self.eot)
+            supervised = not (needs_response and k == last) and k not in context_only
+            turns.append(_Turn(k, start, end + len(self.eot), full, supervised))
+        _require_supervision(turns, needs_response)
+        return _cut(full, turns, needs_response, None, self.eot)
 
     def _segment_markers(
         self, messages: list[dict[str, Any]], tools: Any, needs_response: bool, context_only: frozenset[int]
@@ -228,6 +269,19 @@ class ChatRenderer:
         turns[-1].supervised = turns[-1].supervised and not needs_response
         _require_supervision(turns, needs_response)
         return _cut(full, turns, needs_response, None, self.eot)
+
+
+def _does_not_extend(k: int) -> Reject:
+    return Reject(
+        "render",
+        "turn_does_not_extend_prompt",
+        f"messages[{k}] does not render as a continuation of its generation prompt "
+        "(reasoning on a turn while enable_thinking is false?)",
+    )
+
+
+def _no_end_of_turn(k: int, eot: str) -> Reject:
+    return Reject("render", "no_end_of_turn", f"messages[{k}] renders without the end-of-turn token {eot}")
 
 
 def _require_supervision(turns: list[_Turn], needs_response: bool) -> None:
@@ -274,11 +328,14 @@ def _cut(text: str, turns: list[_Turn], needs_response: bool, turn: int | None, 
                 "its end",
             )
     bounds = sorted({0, len(text), *(t.start for t in turns), *(t.end for t in turns if t.supervised)})
-    supervised = [(t.start, t.end) for t in turns if t.supervised]
+    spans = sorted((t.start, t.end) for t in turns if t.supervised)
+    starts = [s for s, _ in spans]
+    reach = list(accumulate((e for _, e in spans), max))  # the furthest end of the spans starting up to each one
     pieces = []
     for a, b in pairwise(bounds):
-        if a < b:
-            pieces.append((text[a:b], any(s <= a and b <= e for s, e in supervised)))
+        if a < b:  # supervised when a span starting at or before `a` reaches `b`: linear in the turns, not quadratic
+            i = bisect_right(starts, a)
+            pieces.append((text[a:b], i > 0 and reach[i - 1] >= b))
     prompt_end = turns[-1].start
     prompt_pieces = sum(1 for a, b in pairwise(bounds) if a < b and b <= prompt_end)
     return Segmented(pieces, prompt_pieces, needs_response, turn)

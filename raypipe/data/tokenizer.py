@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from raypipe.assets.templates import TEMPLATE_NAMES, load_template
 from raypipe.config import DataConfig
+from raypipe.data import incremental
 from raypipe.data.template_engine import choose_engine
 
 if TYPE_CHECKING:  # transformers (and torch) load only on the driver; actors need just the spec
@@ -31,6 +32,8 @@ class TokenizerSpec:
     reserved: tuple[str, ...]  # special tokens content must not contain
     template_engine: str  # the renderer `choose_engine` verified for this template (its output is the same either way)
     template_engine_note: str  # which, and why
+    incremental_prompt: str | None  # the generation prompt if incremental.verify proved one render per conversation
+    incremental_note: str  # whether it did, and why not
 
     def digest(self) -> str:
         blob = json.dumps(
@@ -125,6 +128,7 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
             f"{', '.join(reserved)}"
         )
     engine = choose_engine(template, template_kwargs)
+    prompt, prompt_note = incremental.verify(template, template_kwargs, engine.engine.name)
     spec = TokenizerSpec(
         tokenizer_json=tok.backend_tokenizer.to_str(),
         chat_template=template,
@@ -134,6 +138,8 @@ def resolve_tokenizer(cfg: DataConfig) -> tuple[PreTrainedTokenizerBase, Tokeniz
         reserved=reserved,
         template_engine=engine.engine.name,
         template_engine_note=engine.note,
+        incremental_prompt=prompt,
+        incremental_note=prompt_note,
     )
     tok.chat_template = template
     return tok, spec
