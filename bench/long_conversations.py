@@ -1,22 +1,27 @@
-"""Rendering a long conversation: one render (a template proved incremental) against every turn's prefix rendered.
+"""Rendering long conversations: one render (a template proved incremental) against every turn's prefix rendered.
 
     python bench/long_conversations.py
 
-One conversation of N tool-using exchanges (a user query, an assistant reply with a tool call, the tool's result,
+1. One conversation of N tool-using exchanges (a user query, an assistant reply with a tool call, the tool's result,
 an answer), rendered into rows by the stage's renderer for the built-in templates with the Qwen vocabulary:
 - `chatml` (proved incremental): one render of the marked template, against the same renderer made to render each
   turn's prompt and the conversation through it (2 renders per assistant turn), side by side, same engine, same
   rows (asserted);
 - `qwen_strict` (rewrites earlier turns, so not provable: one row per turn; shown for scale).
 For each, the raw tokenizer's batch call on the rows it makes, one thread: what tokenizing them costs anyway.
+2. The project's multi-turn mix (raypipe.tools.corpus, 8,000 rows: chats, tool use and agentic traces of up to 5
+exchanges), every row rendered both ways with `chatml` (same rows and rejects, asserted), against the raw tokenizer
+on the rows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 os.environ["RAYON_NUM_THREADS"] = "1"
@@ -24,9 +29,12 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 from tokenizers import Tokenizer  # noqa: E402
 
 from raypipe.config import load_config  # noqa: E402
-from raypipe.data.formats import Conversation  # noqa: E402
+from raypipe.data.formats import Conversation, Reject, normalize  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
 from raypipe.data.tokenizer import resolve_tokenizer  # noqa: E402
+from raypipe.tools.corpus import CorpusSpec, write_corpus  # noqa: E402
+
+OUT = Path(__file__).parent / "out"
 
 WORDS = "the model reads a file and calls tools to answer what the user asks about code data tests".split()
 TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object", "properties": {}}}}]
@@ -87,6 +95,41 @@ def measure(template: str, exchanges: int, paths: list[tuple[str, ChatRenderer, 
         )
 
 
+def segment_all(chat: ChatRenderer, convs: list[Conversation]) -> list:
+    out = []
+    for conv in convs:
+        try:
+            out.append(chat.segment(conv))
+        except Reject as err:
+            out.append(err.code)
+    return out
+
+
+def multi_turn_mix(samples: int) -> None:
+    corpus = OUT / f"corpus-multi_turn-{samples}"
+    write_corpus(corpus, CorpusSpec(num_samples=samples, mix="multi_turn"))
+    convs = []
+    for path in sorted(corpus.glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                convs.append(normalize(json.loads(line)))
+            except Reject:
+                continue
+    _, spec = resolve_tokenizer(load_config("debug_cpu", ["data.chat_template=chatml"]).data)
+    one, every = ChatRenderer.of(spec, "OK."), ChatRenderer.of(spec, "OK.")
+    every.marked = None
+    t_one, rows = best_of(3, lambda: segment_all(one, convs))
+    t_every, rows_every = best_of(3, lambda: segment_all(every, convs))
+    assert rows == rows_every, "the two paths made different rows"
+    texts = ["".join(t for t, _ in seg.pieces) for segs in rows if isinstance(segs, list) for seg in segs]
+    backend = Tokenizer.from_str(spec.tokenizer_json)
+    t_raw, _ = best_of(3, lambda: backend.encode_batch_fast(texts, add_special_tokens=False))
+    print(f"\nmulti-turn mix, {len(convs):,} conversations, {len(texts):,} rows, chatml, best of 3:")
+    print(f"- one render: {t_one:.2f} s; every prefix: {t_every:.2f} s ({t_every / t_one:.2f}x)")
+    print(f"- the raw tokenizer on the rows: {t_raw:.2f} s (rendering one way: {t_one / t_raw:.0%} of it; the other: "
+          f"{t_every / t_raw:.0%})")  # fmt: skip
+
+
 def main() -> None:
     print("| template | exchanges | assistant turns | rows | path | renders | render time | raw tokenizer on rows |")
     print("|---|---|---|---|---|---|---|---|")
@@ -100,6 +143,7 @@ def main() -> None:
             paths.insert(0, ("one render", one, counted(one)))
         for exchanges in (5, 25, 100, 250) if one.marked else (5, 25, 100):  # qwen_strict's rows grow as N^2
             measure(template, exchanges, paths, backend)
+    multi_turn_mix(8_000)
 
 
 if __name__ == "__main__":
