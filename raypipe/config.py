@@ -153,7 +153,13 @@ class ServeConfig(_Strict):
         "layers and the last.",
     )
     dtype: str = Field(default="auto", description="Engine dtype (auto, bfloat16, float32).")
-    max_model_len: int = Field(default=4096, gt=0, description="Longest sequence a request may carry.")
+    max_model_len: int = Field(
+        default=4096,
+        gt=0,
+        description="vLLM's context: a request's tokens plus those it generates. Must exceed data.max_length (vLLM "
+        "needs room for one generated token after a row), so the longest sequence a request may carry is "
+        "max_model_len - 1.",
+    )
     max_sequences: int = Field(default=64, gt=0, description="Most sequences in one request.")
     max_batch_tokens: int = Field(
         default=16384, gt=0, description="Most tokens in one request (the engine batches requests continuously)."
@@ -448,10 +454,13 @@ class RaypipeConfig(_Strict):
                 f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length "
                 f"({self.data.max_length})"
             )
-        if self.data.max_length > self.serve.max_model_len:
+        if self.data.max_length >= self.serve.max_model_len:
             raise ValueError(
-                f"serve.max_model_len ({self.serve.max_model_len}) must hold the longest row, data.max_length "
-                f"({self.data.max_length})"
+                f"serve.max_model_len ({self.serve.max_model_len}) must exceed data.max_length "
+                f"({self.data.max_length}): rows of up to data.max_length tokens go to vLLM for their hidden states, and "
+                "vLLM refuses a prompt that leaves no room for one generated token. Set serve.max_model_len="
+                f"{self.data.max_length + 1} or more (the shipped recipes give it data.max_length + 1024, room for "
+                "the evaluation's replies too)"
             )
         if self.train.hidden_states != "online" and not self.train.cache:
             raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")

@@ -7,7 +7,19 @@ from raypipe.config import RECIPES_DIR, load_config, parse_overrides
 def test_shipped_recipes_validate(recipe):
     cfg = load_config(recipe)
     assert cfg.name == recipe
-    assert cfg.data.max_length <= cfg.serve.max_model_len
+    assert cfg.data.max_length < cfg.serve.max_model_len
+
+
+def test_a_full_length_row_needs_room_for_one_generated_token():
+    """vLLM refuses a prompt of max_model_len tokens (it generates at least one): the config says so, with the fix."""
+    with pytest.raises(
+        ValueError,
+        match=r"serve.max_model_len \(256\) must exceed data.max_length \(256\).*"
+        r"Set serve.max_model_len=257 or more",
+    ):
+        load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=256", "train.step_tokens=256"])
+    cfg = load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=257", "train.step_tokens=256"])
+    assert cfg.serve.max_model_len == cfg.data.max_length + 1
 
 
 def test_overrides_are_yaml_typed_and_reach_nested_lists():

@@ -135,6 +135,7 @@ class HiddenStateService:
             "model": cfg.model,
             "layer_ids": list(self.layer_ids),
             "dtype": cfg.dtype,
+            "max_model_len": cfg.max_model_len,
         }
         self.limits = {
             "vocab_size": target.shape.vocab_size,
@@ -389,6 +390,7 @@ def attach_service(cfg: ServeConfig) -> Any | None:
         "engine": cfg.engine,
         "model": cfg.model,
         "dtype": cfg.dtype,
+        "max_model_len": cfg.max_model_len,  # the longest row it takes (raypipe.serve.validate)
         "layer_ids": cfg.layer_ids or running["layer_ids"],
     }
     if running != wanted:

@@ -12,7 +12,9 @@ class BadRequest(ValueError):
 def validate_batch(
     batch: Any, *, vocab_size: int, max_len: int, max_sequences: int, max_tokens: int
 ) -> list[list[int]]:
-    """A list of non-empty token-id lists, each id in [0, vocab_size), each within max_len."""
+    """A list of non-empty token-id lists, each id in [0, vocab_size), each shorter than max_len (the engine's
+    `max_model_len`): vLLM generates at least one token after every prompt, extraction included, and refuses a prompt
+    that leaves no room for it with an engine exception; here it is a named refusal instead."""
     if not isinstance(batch, list) or not batch:
         raise BadRequest(f"expected a non-empty list of token-id lists, got {type(batch).__name__}")
     if len(batch) > max_sequences:
@@ -23,8 +25,12 @@ def validate_batch(
             raise BadRequest(f"sequence {i} must be a list of ints, got {type(seq).__name__}")
         if not seq:
             raise BadRequest(f"sequence {i} is empty")
-        if len(seq) > max_len:
-            raise BadRequest(f"sequence {i} has {len(seq)} tokens; the engine's maximum is {max_len}")
+        if len(seq) >= max_len:
+            raise BadRequest(
+                f"sequence {i} has {len(seq)} tokens; the engine takes at most {max_len - 1} (serve.max_model_len="
+                f"{max_len} holds the sequence and one generated token): cut the sequence, or raise "
+                "serve.max_model_len above data.max_length"
+            )
         for j, token in enumerate(seq):
             if type(token) is not int:  # bool and float are refused too
                 raise BadRequest(f"sequence {i} token {j} must be an int, got {type(token).__name__}")

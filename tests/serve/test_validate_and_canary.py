@@ -16,12 +16,13 @@ LIMITS = {"vocab_size": 100, "max_len": 8, "max_sequences": 3, "max_tokens": 12}
         ([[1], [2], [3], [4]], "4 sequences"),
         ([[1], 5], "sequence 1 must be a list"),
         ([[1], []], "sequence 1 is empty"),
-        ([list(range(9))], "9 tokens; the engine's maximum is 8"),
+        ([list(range(9))], r"9 tokens; the engine takes at most 7 \(serve.max_model_len=8"),
+        ([list(range(8))], r"8 tokens; the engine takes at most 7"),  # vLLM refuses a prompt of max_model_len tokens
         ([[1, 2.0]], "token 1 must be an int, got float"),
         ([[1, True]], "token 1 must be an int, got bool"),
         ([[1, 100]], r"100 is outside the vocabulary \[0, 100\)"),
         ([[1, -1]], "outside the vocabulary"),
-        ([[1] * 8, [2] * 5], "13 tokens in one request"),
+        ([[1] * 7, [2] * 6], "13 tokens in one request"),
     ],
 )
 def test_bad_requests_are_named(batch, problem):
