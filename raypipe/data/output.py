@@ -136,8 +136,14 @@ class PreparedOutput(Storage):
         if not self.exists("plan.json"):
             return None
         old = self.read_json("plan.json")
-        same = {k: v for k, v in old.items() if k != "chunks"} == deps
-        return [Chunk(**c) for c in old["chunks"]] if same else None
+        if {k: v for k, v in old.items() if k != "chunks"} != deps:
+            return None
+        if any("files" not in c for c in old["chunks"]):  # planned before a chunk could hold several files
+            raise ValueError(
+                f"data.output {self.url} was planned by an earlier raypipe, one file range per shard: its shards must "
+                f"not mix with new ones; set a new data.output, or delete {self.url} to start over"
+            )
+        return [Chunk.from_dict(c) for c in old["chunks"]]
 
     def is_done(self, index: int) -> bool:
         return self.exists(f"stats/{shard_name(index)}.json")

@@ -9,7 +9,8 @@ Fixed costs are kept small: the tokenizer and template reach the actors once
 through the object store; every actor the work can use starts at once, warm
 (its tokenizer and template engine built in its constructor); shards are cut
 from the input's size and the actor count, so that every actor has several
-to do (at most `data.chunk_bytes` each); a resumed run keeps the shards it
+to do (at most `data.chunk_bytes` each), and small files share shards, so the
+file count does not set the shard count; a resumed run keeps the shards it
 planned. At the end the driver reports where the time went: in the actors'
 own work, and in Ray Data and start-up around it.
 """
@@ -64,7 +65,7 @@ class _PrepareActor:
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
         out = []
         for item in batch["chunk"]:
-            chunk = Chunk(**json.loads(item))
+            chunk = Chunk.from_dict(json.loads(item))
             start = time.perf_counter()
             stats = self.output.write_shard(self.preparer.prepare(chunk))
             seconds = time.perf_counter() - start

@@ -17,8 +17,13 @@ and a batched tokenizer call that fails is redone row by row, the rows that
 still fail rejected. A file that cannot be read adds a file-level reject
 record (`"level": "file"`, code `unreadable_file`, the file and the error)
 and counts in `files_rejected`, not in the row counts; rows read before the
-error count as usual. Raw rows in reject records are cut to their first
-4 KiB (`raw_truncated`, `raw_bytes`): file and position find the whole row.
+error count as usual, and the chunk's other files are read all the same.
+Raw rows in reject records are cut to their first 4 KiB (`raw_truncated`,
+`raw_bytes`): file and position find the whole row.
+
+A chunk may hold several small files: each row keeps its own file and
+position (its fallback `sample_id`, its reject record), so a row prepared in
+a shared chunk is the row prepared from its file alone.
 
 A per-turn row (history-rewriting templates) whose prompt alone reaches
 `max_length` tokens cannot keep a supervised token, so it is rejected before
@@ -36,6 +41,7 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -47,7 +53,7 @@ from tokenizers import Tokenizer
 from raypipe.config import DataConfig
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.render import ChatRenderer, Segmented
-from raypipe.data.sources import Chunk, Oversized, UnreadableFile, read_chunk
+from raypipe.data.sources import Chunk, FileRange, Oversized, UnreadableFile, read_range
 from raypipe.data.tokenizer import TokenizerSpec
 
 PREPARED_SCHEMA = pa.schema(
@@ -79,6 +85,7 @@ class ShardResult:
 @dataclass
 class _Pending:
     sample_id: str
+    url: str
     position: int
     raw: Raw
     rows: list[Segmented]
@@ -184,13 +191,30 @@ class ShardPreparer:
         rejects: list[dict[str, Any]] = []
         batches: list[pa.RecordBatch] = []
         pending: list[_Pending] = []
+        for file_range in chunk.files:
+            for p in self._rows(chunk, file_range, counts, rejects):
+                pending.append(p)
+                if len(pending) >= self.cfg.batch_rows:
+                    batches.append(self._tokenize(chunk, pending, counts, rejects))
+                    pending = []
+        if pending:
+            batches.append(self._tokenize(chunk, pending, counts, rejects))
+        table = pa.Table.from_batches(batches, schema=PREPARED_SCHEMA)
+        return ShardResult(table, rejects, _stats(chunk, counts, len(rejects) - len(counts.files_rejected)))
+
+    def _rows(
+        self, chunk: Chunk, file_range: FileRange, counts: _Counts, rejects: list[dict[str, Any]]
+    ) -> Iterator[_Pending]:
+        """The range's rows parsed, normalized and rendered, ready to tokenize; rows that fail here are rejected. An
+        unreadable file is recorded and ends only its own range."""
+        url, rows_before = file_range.url, counts.rows_in
         try:
-            for position, raw in read_chunk(chunk, self.cfg.storage_options, self.cfg.max_row_bytes):
+            for position, raw in read_range(file_range, self.cfg.storage_options, self.cfg.max_row_bytes):
                 if isinstance(raw, bytes) and not raw.strip():
                     counts.blank_lines += 1
                     continue
                 counts.rows_in += 1
-                sample_id, stage = fallback_id(chunk.url, position), "parse"
+                sample_id, stage = fallback_id(url, position), "parse"
                 try:
                     record = self._parse(raw)
                     stage = "normalize"
@@ -199,15 +223,12 @@ class ShardPreparer:
                     stage = "render"
                     rows = self.renderer.segment(conv, isinstance(raw, bytes) and self.renderer.spells_no_special(raw))
                 except Exception as err:  # noqa: BLE001 - one row never fails the shard: every failure is a reject
-                    _add_reject(chunk, sample_id, position, raw, as_reject(stage, err), counts, rejects)
+                    _add_reject(chunk, url, sample_id, position, raw, as_reject(stage, err), counts, rejects)
                     continue
                 counts.split_extra += len(rows) - 1
-                rows = self._drop_unfit_turns(chunk, sample_id, position, raw, rows, counts, rejects)
+                rows = self._drop_unfit_turns(chunk, url, sample_id, position, raw, rows, counts, rejects)
                 if rows:
-                    pending.append(_Pending(sample_id, position, raw, rows))
-                if len(pending) >= self.cfg.batch_rows:
-                    batches.append(self._tokenize(chunk, pending, counts, rejects))
-                    pending = []
+                    yield _Pending(sample_id, url, position, raw, rows)
         except UnreadableFile as err:
             counts.files_rejected.append({"file": err.url, "reason": err.reason})
             rejects.append(
@@ -218,19 +239,16 @@ class ShardPreparer:
                     "stage": "read",
                     "code": "unreadable_file",
                     "reason": (
-                        f"{_safe(err.reason)}; the {counts.rows_in} rows of this chunk read before the error are "
-                        "counted as usual"
+                        f"{_safe(err.reason)}; the {counts.rows_in - rows_before} rows this shard read from the file "
+                        "before the error are counted as usual"
                     ),
                 }
             )
-        if pending:
-            batches.append(self._tokenize(chunk, pending, counts, rejects))
-        table = pa.Table.from_batches(batches, schema=PREPARED_SCHEMA)
-        return ShardResult(table, rejects, _stats(chunk, counts, len(rejects) - len(counts.files_rejected)))
 
     def _drop_unfit_turns(
         self,
         chunk: Chunk,
+        url: str,
         sample_id: str,
         position: int,
         raw: Raw,
@@ -251,7 +269,7 @@ class ShardPreparer:
                 kept.append(seg)
             else:
                 rej = prompt_reject(n, seg.needs_response, self.cfg.max_length, self.cfg.overlength)
-                _add_reject(chunk, f"{sample_id}#{seg.turn}", position, raw, rej, counts, rejects)
+                _add_reject(chunk, url, f"{sample_id}#{seg.turn}", position, raw, rej, counts, rejects)
         return kept
 
     def prompt_tokens(self, seg: Segmented, known: dict[str, int]) -> int:
@@ -331,6 +349,7 @@ class ShardPreparer:
                 for seg in p.rows:
                     _add_reject(
                         chunk,
+                        p.url,
                         p.sample_id if seg.turn is None else f"{p.sample_id}#{seg.turn}",
                         p.position,
                         p.raw,
@@ -371,7 +390,7 @@ class ShardPreparer:
                     mask[a:b], int(prompt_len[i]), seg.needs_response, self.cfg.max_length, self.cfg.overlength
                 )
             except Reject as rej:
-                _add_reject(chunk, row_ids[i], p.position, p.raw, rej, counts, rejects)
+                _add_reject(chunk, p.url, row_ids[i], p.position, p.raw, rej, counts, rejects)
                 size[i] = -1
                 continue
             counts.truncated += n < b - a
@@ -435,9 +454,16 @@ def _tokenizer_reject(texts: list[str], err: Exception) -> Reject:
 
 
 def _add_reject(
-    chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject, counts: _Counts, rejects: list[dict[str, Any]]
+    chunk: Chunk,
+    url: str,
+    sample_id: str,
+    position: int,
+    raw: Raw,
+    rej: Reject,
+    counts: _Counts,
+    rejects: list[dict[str, Any]],
 ) -> None:
-    rejects.append(_reject_record(chunk, sample_id, position, raw, rej))
+    rejects.append(_reject_record(chunk, url, sample_id, position, raw, rej))
     counts.rejects[rej.code] += 1
 
 
@@ -446,12 +472,12 @@ def _safe(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _reject_record(chunk: Chunk, sample_id: str, position: int, raw: Raw, rej: Reject) -> dict[str, Any]:
+def _reject_record(chunk: Chunk, url: str, sample_id: str, position: int, raw: Raw, rej: Reject) -> dict[str, Any]:
     """Everything needed to find, understand and recover the row: file and position, and its first bytes."""
     record: dict[str, Any] = {
         "sample_id": _safe(sample_id),
         "source": chunk.source,
-        "file": chunk.url,
+        "file": url,
         "position": position,
         "stage": rej.stage,
         "code": rej.code,

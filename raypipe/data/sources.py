@@ -1,9 +1,18 @@
 """Input files on any fsspec filesystem, planned into deterministic chunks.
 
 A chunk is the unit of work and of output: one chunk becomes one Parquet
-shard with a name fixed by its position in the plan. Plain JSONL is split
-into byte ranges (a line belongs to the range holding its first byte), a
-Parquet file is one chunk per row group.
+shard with a name fixed by its position in the plan. Each file is first cut
+into ranges of at most the shard budget (`chunk_bytes`): plain JSONL into
+byte ranges (a line belongs to the range holding its first byte), gzip the
+same over its decompressed bytes, a Parquet file into its row groups (never
+cut; their uncompressed bytes count). Then consecutive ranges of one source,
+in plan order, share a chunk while their bytes stay within the budget: small
+files share shards, so the file count does not set the shard count (each
+shard costs output files, a Ray call and a batch started afresh), while a
+large file's full ranges stay one chunk each. Only a single range larger
+than the budget (a big row group) makes a larger chunk. A chunk never spans
+two sources: its rows carry the source's name and format. Rows keep their
+own file and position whatever chunk holds them.
 
 Gzip is split by rows too, so no gzip file is one shard held whole in
 memory: planning streams each file once to learn its decompressed size,
@@ -20,7 +29,7 @@ lines are rejected per row instead of failing a whole file.
 A file that cannot be read (a truncated or non-gzip `.gz`, an empty or
 corrupt Parquet file) raises `UnreadableFile` naming it; rows read before
 the error were already yielded. A Parquet file whose footer cannot be read is
-planned as one chunk, so the failure is reported by the chunk that owns it.
+planned as one range, so the failure is reported by the chunk that owns it.
 """
 
 from __future__ import annotations
@@ -45,17 +54,34 @@ _BLOCK = 1 << 20  # bytes per read when skipping an oversized line
 
 
 @dataclass(frozen=True)
-class Chunk:
-    index: int  # position in the plan: names the output shard
-    source: str  # dataset name
-    format: str  # declared format or "auto"
+class FileRange:
+    """Part of one input file: a whole small file, or a range of a large one."""
+
     url: str  # file URL with protocol
     kind: str  # jsonl | jsonl.gz | parquet
     start: int  # byte offset (jsonl, decompressed for jsonl.gz) or row group (parquet)
     end: int  # exclusive byte offset or row group + 1
 
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int  # position in the plan: names the output shard
+    source: str  # dataset name
+    format: str  # declared format or "auto"
+    files: tuple[FileRange, ...]  # read in this order
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """JSON-ready, as plan.json holds it (lists, not tuples: a plan read back compares equal)."""
+        return {
+            "index": self.index,
+            "source": self.source,
+            "format": self.format,
+            "files": [asdict(f) for f in self.files],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Chunk:
+        return cls(d["index"], d["source"], d["format"], tuple(FileRange(**f) for f in d["files"]))
 
 
 @dataclass(frozen=True)
@@ -141,66 +167,98 @@ def _ranges(size: int, chunk_bytes: int) -> list[tuple[int, int]]:
     return [(s, min(s + chunk_bytes, size)) for s in range(0, max(size, 1), chunk_bytes)]
 
 
+def _file_ranges(url: str, storage_options: dict[str, Any], chunk_bytes: int) -> list[tuple[FileRange, int]]:
+    """The file cut into ranges of at most `chunk_bytes` (a Parquet row group is never cut), each with its bytes."""
+    fs, path = filesystem(url, storage_options)
+    kind = file_kind(url)
+    assert kind is not None, url
+    if kind == "parquet":
+        try:
+            with fs.open(path, "rb") as f:
+                meta = pq.ParquetFile(f).metadata
+        except READ_ERRORS:
+            return [(FileRange(url, kind, 0, 1), fs.size(path))]  # unreadable: one range, whose read names the file
+        return [(FileRange(url, kind, g, g + 1), meta.row_group(g).total_byte_size) for g in range(meta.num_row_groups)]
+    if kind == "jsonl":
+        ranges = _ranges(fs.size(path), chunk_bytes)
+    else:
+        size, damaged = _gzip_size(fs, path)
+        ranges = _ranges(size, chunk_bytes)
+        if damaged:
+            # The last range reads one byte past the readable part: its chunk meets the error, naming the file.
+            ranges[-1] = (ranges[-1][0], size + 1)
+    return [(FileRange(url, kind, start, end), end - start) for start, end in ranges]
+
+
+def _pack(ranges: list[tuple[FileRange, int]], chunk_bytes: int) -> list[list[FileRange]]:
+    """Consecutive ranges grouped while their bytes stay within `chunk_bytes`; a range larger than that (a Parquet row
+    group) is a group of its own."""
+    groups: list[list[FileRange]] = []
+    size = 0  # bytes of the last group
+    for file_range, n in ranges:
+        if not groups or size + n > chunk_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(file_range)
+        size += n
+    return groups
+
+
 def plan_chunks(sources: list[SourceConfig], storage_options: dict[str, Any], chunk_bytes: int) -> list[Chunk]:
-    """Every source file cut into chunks, in a fixed order."""
+    """Every source's files cut into ranges and packed into chunks of at most `chunk_bytes`, in a fixed order."""
     chunks: list[Chunk] = []
     for source in sources:
-        for url in list_files(source, storage_options):
-            fs, path = filesystem(url, storage_options)
-            kind = file_kind(url)
-            if kind == "jsonl":
-                ranges = _ranges(fs.size(path), chunk_bytes)
-            elif kind == "jsonl.gz":
-                size, damaged = _gzip_size(fs, path)
-                ranges = _ranges(size, chunk_bytes)
-                if damaged:
-                    # The last range reads one byte past the readable part: its chunk meets the error, naming the file.
-                    ranges[-1] = (ranges[-1][0], size + 1)
-            else:
-                try:
-                    with fs.open(path, "rb") as f:
-                        groups = pq.ParquetFile(f).num_row_groups
-                except READ_ERRORS:
-                    groups = 1  # unreadable: one chunk, whose read fails and names the file
-                ranges = [(g, g + 1) for g in range(groups)]
-            for start, end in ranges:
-                chunks.append(Chunk(len(chunks), source.source_name, source.format, url, kind, start, end))
+        ranges = [
+            r for url in list_files(source, storage_options) for r in _file_ranges(url, storage_options, chunk_bytes)
+        ]
+        for group in _pack(ranges, chunk_bytes):
+            chunks.append(Chunk(len(chunks), source.source_name, source.format, tuple(group)))
     return chunks
 
 
-def read_chunk(
-    chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
+def read_range(
+    file_range: FileRange, storage_options: dict[str, Any], max_row_bytes: int
 ) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
     """(position, raw row): a line's byte offset and bytes (or `Oversized`), or a Parquet row's index and dict.
 
     Raises `UnreadableFile` when the file's bytes cannot be read, after the rows read before the error.
     """
     try:
-        yield from _read(chunk, storage_options, max_row_bytes)
+        yield from _read(file_range, storage_options, max_row_bytes)
     except READ_ERRORS as err:
-        raise UnreadableFile(chunk.url, err) from err
+        raise UnreadableFile(file_range.url, err) from err
+
+
+def read_chunk(
+    chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
+) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
+    """`read_range` over the chunk's files in turn, for readers that need only the rows: an `UnreadableFile` ends it
+    (the data stage reads range by range, so one bad file does not hide the next)."""
+    for file_range in chunk.files:
+        yield from read_range(file_range, storage_options, max_row_bytes)
 
 
 def _read(
-    chunk: Chunk, storage_options: dict[str, Any], max_row_bytes: int
+    file_range: FileRange, storage_options: dict[str, Any], max_row_bytes: int
 ) -> Iterator[tuple[int, bytes | Oversized | dict[str, Any]]]:
-    fs, path = filesystem(chunk.url, storage_options)
-    if chunk.kind == "parquet":
+    fs, path = filesystem(file_range.url, storage_options)
+    start, end = file_range.start, file_range.end
+    if file_range.kind == "parquet":
         with fs.open(path, "rb") as f:
             pf = pq.ParquetFile(f)
-            first = sum(pf.metadata.row_group(g).num_rows for g in range(chunk.start))
-            for i, row in enumerate(pf.read_row_group(chunk.start).to_pylist()):
+            first = sum(pf.metadata.row_group(g).num_rows for g in range(start))
+            for i, row in enumerate(pf.read_row_group(start).to_pylist()):
                 yield first + i, row
         return
-    compression = "gzip" if chunk.kind == "jsonl.gz" else None
+    compression = "gzip" if file_range.kind == "jsonl.gz" else None
     with fs.open(path, "rb", compression=compression) as opened:
         # fsspec's remote files (s3fs) take no size in readline; a standard buffer over them does
         f = opened if isinstance(opened, io.BufferedIOBase) else io.BufferedReader(opened, _BLOCK)
         pos = 0
-        if chunk.start > 0:
-            f.seek(chunk.start - 1)
-            pos = chunk.start - 1 + _skip_line(f)  # the line that began in the previous chunk
-        while pos < chunk.end:
+        if start > 0:
+            f.seek(start - 1)
+            pos = start - 1 + _skip_line(f)  # the line that began in the previous range
+        while pos < end:
             line = f.readline(max_row_bytes + 1)
             if not line:
                 break
