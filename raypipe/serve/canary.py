@@ -1,8 +1,15 @@
-"""The parity canary: the serving engine's states against the transformers reference, per layer.
+"""The parity canary: the serving engine's states against the transformers reference, per layer and per token.
 
-A wrong layer id or a missing final norm does not crash anything; the
-drafter just learns from the wrong stream and acceptance collapses. The
-canary makes that a loud, named failure.
+A wrong layer id, a missing final norm or states the engine never wrote
+(older vLLM returned all-zero states for hybrid targets' layers) do not crash
+anything; the drafter just learns from the wrong stream and acceptance
+collapses. The canary makes each a loud failure that names the layer, its kind
+on a hybrid target, and what is wrong with it.
+
+Each token of each layer is judged on its own (the relative L2 error of its
+vector), so a layer that is zero only past a block boundary, or wrong only on
+one prompt's tail, is not averaged away by the tokens that are right, and the
+huge vectors some models keep at the first token do not hide the others.
 """
 
 from __future__ import annotations
@@ -13,13 +20,27 @@ from dataclasses import dataclass
 
 import torch
 
+from raypipe.target import TargetShape
+
 # bf16 keeps 8 bits of mantissa: about 4e-3 relative per value, accumulated over a few layers.
 BF16_TOLERANCE = 3e-2
+# A reference token far smaller than the layer's typical token is judged against a floor of that size instead of its
+# own, so the canary compares a near-zero reference token without dividing noise by zero.
+FLOOR = 1e-2
+# One token (a Gated DeltaNet state after a single step), two, a chat prompt, and 160 tokens: across Gated DeltaNet's
+# 64-token chunks and past the 128-token blocks of vLLM's hidden-state cache on CPU (the blocks older vLLM mis-sized
+# on hybrid targets). Every serve.max_model_len must exceed the longest.
 CANARY_PROMPTS: tuple[tuple[int, ...], ...] = (
+    (9707,),
     (9707, 1879),
     (151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198, 151644, 77091, 198),
-    tuple(range(1000, 1064)),
+    tuple(range(1000, 1160)),
 )
+SHAPE_FIX = "check serve.layer_ids and the engine's hidden size"
+REFERENCE_FIX = "the transformers reference itself is unusable there: check the target's weights"
+NON_FINITE_FIX = "the engine overflowed or read unwritten memory: check serve.dtype"
+ZERO_FIX = "the engine left those states unwritten (older vLLM did on hybrid layers; raypipe pins vllm 0.32)"
+ERROR_FIX = "check the layer mapping (raypipe.serve.layers) and the final norm"
 
 
 def canary_prompts(vocab_size: int) -> list[list[int]]:
@@ -27,40 +48,171 @@ def canary_prompts(vocab_size: int) -> list[list[int]]:
     return [[t % vocab_size for t in p] for p in CANARY_PROMPTS]
 
 
+def layer_kinds(shape: TargetShape, layer_ids: tuple[int, ...]) -> tuple[str, ...] | None:
+    """What each served id is on a hybrid target, where a failure that follows the layer kind is the tell; None on a
+    target of one kind. Id i is decoder layer i-1's output (raypipe.serve.layers)."""
+    if not shape.hybrid:
+        return None
+    return tuple("embeddings" if i == 0 else f"{shape.layer_types[i - 1]} output" for i in layer_ids)
+
+
+@dataclass(frozen=True)
+class Problem:
+    what: str  # e.g. "zero at prompt 3 (160 tokens) positions 128-159"
+    fix: str
+
+
+@dataclass(frozen=True)
+class LayerCheck:
+    layer_id: int
+    kind: str | None  # layer_kinds: "linear_attention output", ... on a hybrid target
+    error: float  # the worst token's relative error over every prompt (NaN where nothing could be compared)
+    problems: tuple[Problem, ...]
+
+    @property
+    def name(self) -> str:
+        return f"layer {self.layer_id}" + (f" ({self.kind})" if self.kind else "")
+
+
 @dataclass(frozen=True)
 class CanaryReport:
-    layer_ids: tuple[int, ...]
-    errors: tuple[float, ...]  # per layer: max |got - ref| / max |ref| over the canary prompts
+    layers: tuple[LayerCheck, ...]
     tolerance: float
+    mismatch: str | None = None  # the served states' shapes differ from the reference's: no layer was compared
+
+    @property
+    def errors(self) -> tuple[float, ...]:
+        return tuple(c.error for c in self.layers)
 
     @property
     def ok(self) -> bool:
-        return all(e <= self.tolerance for e in self.errors)
+        return self.mismatch is None and not any(c.problems for c in self.layers)
 
     def message(self) -> str:
-        bad = [f"layer {i}: relative error {e:.3g}" for i, e in zip(self.layer_ids, self.errors) if e > self.tolerance]
-        if not bad:
-            return f"canary ok: max relative error {max(self.errors):.3g} <= {self.tolerance}"
+        """One line for /canary, /stats, a refused replica and the train stage: each failing layer, what is wrong
+        with it, and the fixes."""
+        if self.mismatch is not None:
+            return f"canary failed: {self.mismatch}. Fix: {SHAPE_FIX}"
+        if self.ok:
+            ids = ", ".join(str(c.layer_id) for c in self.layers)
+            return f"canary ok: max relative error {max(self.errors):.3g} <= {self.tolerance} per token (layers {ids})"
+        failed = [c for c in self.layers if c.problems]
+        fixes = dict.fromkeys(p.fix for c in failed for p in c.problems)
         return (
             f"canary failed (tolerance {self.tolerance}): "
-            + "; ".join(bad)
-            + ": check the layer mapping and the final norm"
+            + "; ".join(f"{c.name}: " + ", ".join(p.what for p in c.problems) for c in failed)
+            + ". Fix: "
+            + "; ".join(fixes)
         )
+
+
+def _ranges(positions: list[int], most: int = 3) -> str:
+    """Ascending positions as their first `most` runs: '0-14,128-159'."""
+    runs: list[list[int]] = []
+    for i in positions:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs[:most])
+    return text + (f" and {len(runs) - most} more runs" if len(runs) > most else "")
+
+
+def _where(rows: torch.Tensor, lengths: list[int]) -> str:
+    """The prompts and positions of the set rows of a mask over all prompts' tokens, concatenated: a zero tail past
+    position 128 reads differently from a zero first token."""
+    parts = []
+    for p, mask in enumerate(rows.split(lengths)):
+        at = mask.nonzero().flatten().tolist()
+        if at:
+            tokens = f"{lengths[p]} token{'s' * (lengths[p] != 1)}"
+            parts.append(f"prompt {p} ({tokens}) position{'s' * (len(at) != 1)} {_ranges(at)}")
+    return ", ".join(parts)
+
+
+def _reference_problem(ref: torch.Tensor, lengths: list[int]) -> Problem | None:
+    """A reference with nothing to compare against: non-finite tokens, or a layer mostly of zero tokens."""
+    bad = ~ref.isfinite().all(-1)
+    if bad.any():
+        return Problem(f"the reference is non-finite at {_where(bad, lengths)}", REFERENCE_FIX)
+    if ref.norm(dim=-1).median() == 0:
+        return Problem(f"the reference is zero at {_where(ref.abs().amax(-1) == 0, lengths)}", REFERENCE_FIX)
+    return None
+
+
+def _check_layer(
+    layer_id: int, kind: str | None, got: torch.Tensor, ref: torch.Tensor, lengths: list[int], tolerance: float
+) -> LayerCheck:
+    """One layer's served tokens [N, H] (every prompt's, concatenated) against the reference's, each token on its
+    own: non-finite tokens, zero tokens where the reference has none, and tokens off by more than `tolerance`."""
+    unusable = _reference_problem(ref, lengths)
+    if unusable is not None:
+        return LayerCheck(layer_id, kind, float("nan"), (unusable,))
+    ref_norm = ref.norm(dim=-1)
+    errors = (got - ref).norm(dim=-1) / ref_norm.clamp_min(FLOOR * float(ref_norm.median()))
+    non_finite = ~got.isfinite().all(-1)
+    zero = (got.abs().amax(-1) == 0) & (ref_norm > 0)
+    off = ~non_finite & ~zero & (errors > tolerance)
+    problems = []
+    if non_finite.any():
+        problems.append(Problem(f"non-finite at {_where(non_finite, lengths)}", NON_FINITE_FIX))
+    if (got == 0).all():
+        problems.append(Problem("all zeros", ZERO_FIX))
+    elif zero.any():
+        problems.append(Problem(f"zero at {_where(zero, lengths)}", ZERO_FIX))
+    if off.any():
+        worst = float(errors[off].max())
+        problems.append(Problem(f"relative error {worst:.3g} > {tolerance} at {_where(off, lengths)}", ERROR_FIX))
+    return LayerCheck(layer_id, kind, float(errors.max()), tuple(problems))
+
+
+def _shape_mismatch(got: list[torch.Tensor], ref: list[torch.Tensor]) -> str | None:
+    """Why the served states cannot be compared with the reference's at all, if they cannot."""
+    if len(got) != len(ref):
+        return f"{len(got)} sequences served for {len(ref)} canary prompts"
+    for p, (g, r) in enumerate(zip(got, ref)):
+        if g.shape != r.shape:
+            return (
+                f"prompt {p}: served states of shape {list(g.shape)} [T, n_layers, H], the reference's {list(r.shape)}"
+            )
+    return None
 
 
 def compare_states(
-    got: list[torch.Tensor], ref: list[torch.Tensor], layer_ids: tuple[int, ...], tolerance: float = BF16_TOLERANCE
+    got: list[torch.Tensor],
+    ref: list[torch.Tensor],
+    layer_ids: tuple[int, ...],
+    kinds: tuple[str, ...] | None = None,
+    tolerance: float = BF16_TOLERANCE,
 ) -> CanaryReport:
-    """Per-layer error of `got` against `ref`, both lists of [T, n_layers, H]."""
-    assert len(got) == len(ref) and all(g.shape == r.shape for g, r in zip(got, ref)), "canary shapes differ"
-    errors = []
-    for j in range(len(layer_ids)):
-        err = max(
-            float((g[:, j].float() - r[:, j].float()).abs().max() / r[:, j].float().abs().max().clamp_min(1e-12))
-            for g, r in zip(got, ref)
+    """Each served layer of `got` against `ref` (one [T, n_layers, H] per prompt), token by token; `kinds` names what
+    each layer is on a hybrid target (layer_kinds)."""
+    assert all(r.shape[1] == len(layer_ids) for r in ref), "the reference serves other layers"
+    mismatch = _shape_mismatch(got, ref)
+    if mismatch is not None:
+        return CanaryReport((), tolerance, mismatch)
+    lengths = [len(r) for r in ref]
+    checks = (
+        _check_layer(
+            layer_id,
+            kinds[j] if kinds else None,
+            torch.cat([g[:, j] for g in got]).float(),
+            torch.cat([r[:, j] for r in ref]).float(),
+            lengths,
+            tolerance,
         )
-        errors.append(err)
-    return CanaryReport(tuple(layer_ids), tuple(errors), tolerance)
+        for j, layer_id in enumerate(layer_ids)
+    )
+    return CanaryReport(tuple(checks), tolerance)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a replica keeps of its reference: the prompts folded into the target's vocabulary, their states."""
+
+    prompts: list[list[int]]
+    states: list[torch.Tensor]
+    kinds: tuple[str, ...] | None
 
 
 class Canary:
@@ -70,8 +222,8 @@ class Canary:
     The reference is a full copy of the target (fp32 would be twice the
     serving weights, on every call); only its states on the canary prompts are
     kept, a few MB, and the model is freed once they are computed. bf16 against
-    an fp32 or bf16 engine stays within `BF16_TOLERANCE` (about 1e-2 on the
-    tiny targets), while a wrong layer is off by tens of percent.
+    an fp32 or bf16 engine stays within `BF16_TOLERANCE` (about 1e-2 per token
+    on the tiny targets), while a wrong layer is off by tens of percent.
     """
 
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...]) -> None:
@@ -80,28 +232,29 @@ class Canary:
         self.builds = 0  # how often the reference was computed: once per replica
         self.runs = 0
         self.reference_dtype: str | None = None
-        self._reference: tuple[list[list[int]], list[torch.Tensor]] | None = None
+        self._reference: Reference | None = None
         self._lock = (
             asyncio.Lock()
         )  # one run at a time: two at once would load two references and double the engine's load
 
-    def _build(self) -> tuple[list[list[int]], list[torch.Tensor]]:
+    def _build(self) -> Reference:
         from raypipe.serve.hf_engine import TransformersEngine
 
         engine = TransformersEngine(self.model_dir, self.layer_ids, dtype="bfloat16")
         prompts = canary_prompts(engine.vocab_size)
         self.reference_dtype = str(engine.model.dtype).removeprefix("torch.")
         self.builds += 1
-        return prompts, engine.extract(prompts)
+        kinds = layer_kinds(TargetShape.of(engine.model.config), self.layer_ids)
+        return Reference(prompts, engine.extract(prompts), kinds)
 
     async def run(self, served: Callable[[list[list[int]]], Awaitable[list[torch.Tensor]]]) -> CanaryReport:
-        """Compare the states `served` returns for the canary prompts with the reference, per layer."""
+        """Compare the states `served` returns for the canary prompts with the reference, per layer and token."""
         async with self._lock:
             if self._reference is None:
                 self._reference = await asyncio.to_thread(
                     self._build
                 )  # the replica keeps answering health checks meanwhile
-            prompts, reference = self._reference
-            got = await served(prompts)
+            reference = self._reference
+            got = await served(reference.prompts)
             self.runs += 1
-            return compare_states(got, reference, self.layer_ids)
+            return compare_states(got, reference.states, self.layer_ids, reference.kinds)
