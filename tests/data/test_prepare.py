@@ -1,11 +1,18 @@
 """The shard preparer without Ray: accounting, length policy, rejects."""
 
+import gzip
 import json
 from collections import Counter
+from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import prepare_lines, prepare_records
+from raypipe.data.output import COUNT_KEYS
+from raypipe.data.prepare import ShardPreparer
+from raypipe.data.sources import plan_chunks
+from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec
 from tests.data.bad_corpus import BAD_ROWS, GOOD_ROWS, MAX_LENGTH, MAX_ROW_BYTES, corpus_lines
 
 U = {"role": "user", "content": "Hi"}
@@ -73,3 +80,53 @@ def test_ids_are_source_ids_or_stable_hashes(tmp_path):
 def test_good_rows_are_kept(tmp_path, line):
     result = prepare_lines(tmp_path, [line])
     assert result.table.num_rows >= 1 and not result.rejects
+
+
+def small_files(root: Path) -> list[Path]:
+    """Small files of every kind, in plan order: bad rows among good ones, rows with and without ids, a gzip file
+    truncated after some rows, a Parquet file of two row groups, a .gz file that is not gzip."""
+    root.mkdir()
+    lines = corpus_lines()
+    half = len(lines) // 2
+    prompts = [
+        json.dumps({"messages": [{"role": "user", "content": f"Question {i}: {i * i} or {i**3}?"}]}) for i in range(300)
+    ]
+    whole = gzip.compress("".join(p + "\n" for p in prompts).encode())
+    table = pa.table({"instruction": [f"Task {i}" for i in range(12)], "output": [f"done {i}" for i in range(12)]})
+    (root / "0.jsonl").write_bytes(b"\n".join(lines[:half]) + b"\n")
+    (root / "1.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "2.jsonl").write_bytes(b"".join(r + b"\n" for r in GOOD_ROWS))
+    pq.write_table(table, root / "3.parquet", row_group_size=6)
+    (root / "4.jsonl").write_bytes(b"\n".join(lines[half:]) + b"\n")
+    (root / "5.jsonl.gz").write_bytes(GOOD_ROWS[0])
+    return sorted(root.iterdir())
+
+
+def test_a_chunk_of_small_files_gives_the_rows_and_rejects_of_the_files_prepared_one_by_one(tmp_path):
+    files = small_files(tmp_path / "in")
+    limits = {"max_row_bytes": MAX_ROW_BYTES, "max_length": MAX_LENGTH, "batch_rows": 8}  # batches cross files
+    cfg = data_config(sources=[{"path": str(tmp_path / "in"), "name": "mix"}], **limits)
+    preparer = ShardPreparer(cfg, qwen_spec()[1])
+    [chunk] = plan_chunks(cfg.sources, {}, 1 << 20)
+    assert [Path(f.url).name for f in chunk.files] == [
+        f.name for f in files for _ in range(2 if f.suffix == ".parquet" else 1)
+    ]
+    grouped = preparer.prepare(chunk)
+
+    alone = []
+    for f in files:
+        sources = data_config(sources=[{"path": str(f), "name": "mix"}], **limits).sources
+        [one] = plan_chunks(sources, {}, 1 << 20)
+        alone.append(preparer.prepare(one))
+    assert grouped.table.equals(pa.concat_tables([r.table for r in alone]))  # same rows, sample_ids, tokens, in order
+    # the same records (files, positions, reasons); a row's length reject waits for its batch, so the order may differ
+    assert sorted(map(json.dumps, grouped.rejects)) == sorted(json.dumps(rej) for r in alone for rej in r.rejects)
+    s = grouped.stats
+    assert {k: s[k] for k in COUNT_KEYS} == {k: sum(r.stats[k] for r in alone) for k in COUNT_KEYS}
+    assert s["files_rejected"] == [f for r in alone for f in r.stats["files_rejected"]]
+    assert [Path(f["file"]).name for f in s["files_rejected"]] == ["1.jsonl.gz", "5.jsonl.gz"]
+    truncated = next(r for r in grouped.rejects if r.get("level") == "file")
+    assert (
+        alone[1].stats["rows_in"] > 0 and f"the {alone[1].stats['rows_in']} rows this shard read" in truncated["reason"]
+    )
+    assert alone[4].stats["rows_in"] > 0  # the rows after an unreadable file are read
