@@ -75,7 +75,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _print_export(doc: dict[str, Any]) -> None:
-    print(f"[export] drafter:  {doc['speculative_config']['model']}")
+    drafter = doc["speculative_config"]["model"]
+    checks = sum(len(item) for item in doc["contract"]["items"].values())
+    print(f"[export] drafter:  {drafter}")
+    print(
+        f"[export] contract: {checks} checks of what it trained with against what vLLM will apply pass "
+        f"(export.json); before serving elsewhere: raypipe check-drafter {drafter}"
+    )
     print(f"[export] serve it: {doc['vllm_command']}")
 
 
@@ -146,6 +152,15 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_drafter(args: argparse.Namespace) -> int:
+    from raypipe.storage import Storage, absolute
+    from raypipe.train.export import check_export
+
+    contract = check_export(Storage(absolute(args.directory), {}), args.target)
+    print(f"raypipe check-drafter: {contract.drafter} with target {contract.target}\n{contract.table()}")
+    return int(not contract.ok)
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from raypipe.doctor import run_doctor
 
@@ -202,6 +217,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--mix", default="reference", help="reference, or multi_turn: its conversations alone (chats, tools, agents)"
     )
     corpus.set_defaults(func=cmd_corpus)
+
+    check = sub.add_parser(
+        "check-drafter",
+        help="Check an exported drafter against what vLLM will apply with its target (rotary, M-RoPE keys, mask "
+        "token, target layers, non-causal draft blocks, hidden size, draft vocabulary) before `vllm serve`: a "
+        "pass/fail table, each mismatch with its fix; exit status 1 on a mismatch.",
+    )
+    check.add_argument("directory", help="The drafter directory ({train.output}/drafter), local or a URL.")
+    check.add_argument(
+        "--target",
+        default=None,
+        help="The target: a directory, Hugging Face id or builtin name; default: the one the export.json names.",
+    )
+    check.set_defaults(func=cmd_check_drafter)
 
     doctor = sub.add_parser(
         "doctor", help="Check what a run of the recipe needs on this machine: a pass/fail table, each failure's fix."

@@ -1,5 +1,12 @@
 """Ray wiring of the evaluation stage: vLLM's τ for the exported drafter, beside the estimates.
 
+Before an engine loads the exported drafter, its process checks the serving
+contract (raypipe.train.contract) with the vLLM it runs: a mismatch stops the
+evaluation with the named fields (ContractError), since vLLM would serve a
+drafter other than the one trained and the offline replay would measure the
+trained one. A drafter vLLM itself refuses is reported instead
+(`vllm_refused_drafter`) and τ comes from the offline replay.
+
 The engines run one at a time in an actor with a Serve replica's resources
 (`EngineHosts`), killed afterwards so that its memory is returned:
 1. vLLM with the exported drafter at every `eval.temperatures`;
@@ -39,7 +46,8 @@ from raypipe.layout import RunFolders, eval_output
 from raypipe.serve.deployment import engine_process_options
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
-from raypipe.train.export import DONE
+from raypipe.train.contract import ContractError
+from raypipe.train.export import DONE, check_export
 from raypipe.train.ledger import read_training_curve
 
 TRAINED, UNTRAINED = "trained", "untrained"
@@ -66,8 +74,8 @@ def _generate(
     groups: dict[str, list[int]] | None,
     temperatures: list[float],
 ) -> tuple[list[Generation], list[str]]:
-    """One vLLM engine: with the exported drafter, an untrained one of its shape, or none; and the fixes to vLLM's
-    CPU kernels that its process installed (raypipe.serve.vllm_cpu_fixes)."""
+    """One vLLM engine: with the exported drafter (its serving contract checked first), an untrained one of its shape,
+    or none; and the fixes to vLLM's CPU kernels that its process installed (raypipe.serve.vllm_cpu_fixes)."""
     from raypipe.serve import vllm_cpu_fixes
     from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
@@ -78,6 +86,7 @@ def _generate(
     with tempfile.TemporaryDirectory() as tmp:
         path = None
         if drafter == TRAINED:
+            check_export(_export(cfg), target.path).require()
             path = _local_copy(_export(cfg), tmp)
         elif drafter == UNTRAINED:
             build_drafter(target, cfg.train, read_draft_vocab(cfg, target.shape.vocab_size)).save_pretrained(tmp)
@@ -231,6 +240,8 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         try:
             trained, fixes = hosts.call(_generate, config, TRAINED, prompts, groups, temps)
         except ray.exceptions.RayTaskError as err:
+            if isinstance(err.cause, ContractError):
+                raise err.cause from None  # before the engine started: fail fast with the named mismatches
             refused = _refusal(err)
             print(
                 f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",

@@ -1,11 +1,14 @@
 """Export: the trained drafter as a directory vLLM loads as a DFlash drafter for the target.
 
 The drafter is taken from the run's best checkpoint (the lowest mean training
-loss of its interval among those Ray Train kept, raypipe.train.launcher). The
-export is written whole into a temporary sibling directory, `export.json`
-last (provenance and the vLLM command), and only then put in place of the
-previous export: a failed export leaves the previous one as it was, and a
-complete export is one whose `export.json` exists.
+loss of its interval among those Ray Train kept, raypipe.train.launcher). Its
+serving contract with the target (raypipe.train.contract: what it trained
+with against what vLLM will apply) is checked first: a mismatch refuses the
+export, naming each field and its fix. The export is written whole into a
+temporary sibling directory, `export.json` last (provenance, the contract and
+the vLLM command), and only then put in place of the previous export: a
+failed export leaves the previous one as it was, and a complete export is one
+whose `export.json` exists.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from fsspec.implementations.local import LocalFileSystem
 from raypipe.config import RaypipeConfig
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
-from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
+from raypipe.target import resolve_model
+from raypipe.train.checkpoint import CONFIG_FILE, DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
+from raypipe.train.contract import Contract, TargetFacts, check_drafter
 from raypipe.train.launcher import best_checkpoint
 
 DONE = "export.json"
@@ -31,7 +36,16 @@ def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, A
 
 
 def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict[str, Any]:
-    """Export one checkpoint's drafter to `url`, replacing what is there only once the new export is complete."""
+    """Export one checkpoint's drafter to `url`, replacing what is there only once the new export is complete; a
+    drafter that breaks the serving contract is refused (ContractError) before anything is written."""
+    provenance = checkpoint.read_json(PROVENANCE_FILE)
+    contract = check_drafter(
+        checkpoint.child(DRAFTER_DIR),
+        TargetFacts.load(resolve_model(provenance["target"], "the checkpoint's target (provenance.json)")),
+        configured_mask_token_id=checkpoint.read_json(CONFIG_FILE)["train"]["mask_token_id"],
+        served_layer_ids=provenance["layer_ids"],
+    )
+    contract.require()
     out = Storage(url, cfg.train.storage_options)
     staging = Storage(f"{out.url}.tmp-{uuid.uuid4().hex}", cfg.train.storage_options)
     try:
@@ -39,13 +53,13 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
         for name in files:
             staging.write(name, checkpoint.read(f"{DRAFTER_DIR}/{name}"))
         spec_tokens = checkpoint.read_json(f"{DRAFTER_DIR}/config.json")["block_size"] - 1
-        provenance = checkpoint.read_json(PROVENANCE_FILE)
         target = provenance["target_path"]  # serve.model, or where a builtin target was built
         doc = {
             "checkpoint": checkpoint.url,
             "training_state": checkpoint.read_json(STATE_FILE),
             "provenance": provenance,
             "files": sorted(files),
+            "contract": contract.record(),
             "speculative_config": {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens},
             "vllm_command": (
                 f"vllm serve {target} --speculative-config "
@@ -58,6 +72,22 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
         if staging.fs.exists(staging.root):
             staging.fs.rm(staging.root, recursive=True)
     return doc
+
+
+def check_export(directory: Storage, target: str | None = None) -> Contract:
+    """The serving contract of the drafter in `directory` with `target` (a path, hub id or builtin name), by default
+    the one its export.json names; the served layer ids and the configured mask token come from export.json too
+    (unknown, so not checked or not counted as chosen, for a directory raypipe did not export)."""
+    doc = directory.read_json(DONE) if directory.exists(DONE) else {}
+    name = target or doc.get("provenance", {}).get("target")
+    if name is None:
+        raise ValueError(f"{directory.url} has no {DONE} naming its target: pass the target (--target PATH_OR_ID)")
+    return check_drafter(
+        directory,
+        TargetFacts.load(resolve_model(name, "the target")),
+        configured_mask_token_id=doc.get("contract", {}).get("inputs", {}).get("configured_mask_token_id"),
+        served_layer_ids=doc.get("provenance", {}).get("layer_ids"),
+    )
 
 
 def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
