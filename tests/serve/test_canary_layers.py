@@ -58,6 +58,10 @@ def one_prompts_tail_off(got: States, ref: States) -> None:
     got[3][150:, 2] = ref[3][150:, 2] * 1.5
 
 
+def one_token_off(got: States, ref: States) -> None:
+    got[3][99, 2] = ref[3][99, 2] * 1.3  # the prompt's root mean square error stays under the tolerance
+
+
 def another_layers_states(got: States, ref: States) -> None:
     for g, r in zip(got, ref):
         g[:, 0] = r[:, 1]
@@ -77,7 +81,13 @@ def another_layers_states(got: States, ref: States) -> None:
         (
             one_prompts_tail_off,
             "layer 4 (full_attention output)",
-            "relative error 0.5 > 0.03 at prompt 3 (160 tokens) positions 150-159",
+            "relative error 0.125 > 0.03 on prompt 3 (160 tokens), tokens off by 0.5 > 0.15 at prompt 3 (160 tokens) "
+            "positions 150-159",
+        ),
+        (
+            one_token_off,
+            "layer 4 (full_attention output)",
+            "tokens off by 0.3 > 0.15 at prompt 3 (160 tokens) position 99",
         ),
         (another_layers_states, "layer 1 (linear_attention output)", "relative error 1."),
     ],
@@ -217,3 +227,17 @@ def test_the_hybrid_targets_canary_passes_on_vllm_and_names_a_served_layer_made_
         message = loop.run_until_complete(canary.run(altered(change))).message()
         assert expected in message and other not in message, message
     assert canary.builds == 1 and canary.runs == 4
+
+
+def test_a_trained_targets_bf16_spread_passes_at_every_layer(demo_target: str) -> None:
+    """The trained demo target spreads more under bf16 than the random tiny targets (measured, bf16 against fp32: its
+    worst token 0.0455, its worst prompt 0.0142 root mean square): the tolerances accept it, as its fp32 recipe
+    serves it against the canary's bf16 reference."""
+    ids = (0, 1, 2, 3, 4)
+    engine = TransformersEngine(demo_target, ids)
+
+    async def served(prompts: list[list[int]]) -> States:
+        return engine.extract(prompts)
+
+    report = asyncio.run(Canary(demo_target, ids).run(served))
+    assert report.ok, report.message()
