@@ -144,8 +144,9 @@ class ServeConfig(_Strict):
         default="vllm", description="vLLM (production) or transformers (reference)."
     )
     model: str = Field(
-        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:demo` (tiny Qwen3 trained on structured "
-        "chat), both built locally, or a path / Hugging Face id."
+        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:tiny_qwen36` (tiny random Qwen3.6 "
+        "architecture), `builtin:demo` and `builtin:demo_qwen36` (the same two architectures trained on structured "
+        "chat), all built locally, or a path / Hugging Face id."
     )
     layer_ids: list[int] | None = Field(
         default=None,

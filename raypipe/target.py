@@ -24,6 +24,7 @@ BUILTIN_TARGETS = {
         "tower"
     ),
     "builtin:demo": "a tiny Qwen3 trained in code on structured chat (learnable replies)",
+    "builtin:demo_qwen36": "a tiny Qwen3.6-architecture model trained in code on the demo's structured chat",
 }
 
 
@@ -41,10 +42,10 @@ def resolve_model(model: str, key: str = "serve.model") -> str:
 
     name = model.split(":", 1)[1]
     directory = cache_root() / "models" / f"{name}_target"
-    if model == "builtin:demo":
+    if model in ("builtin:demo", "builtin:demo_qwen36"):
         from raypipe.assets.demo_target import build_demo_target
 
-        return str(build_demo_target(directory))
+        return str(build_demo_target(directory, arch="qwen36" if model == "builtin:demo_qwen36" else "qwen3"))
     from raypipe.assets.tiny_target import build_tiny_target
 
     return str(build_tiny_target(directory, arch="qwen36" if model == "builtin:tiny_qwen36" else "qwen3"))

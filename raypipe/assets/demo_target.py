@@ -1,12 +1,21 @@
-"""A tiny target worth drafting for: a small Qwen3 model trained in code on structured chat.
+"""Tiny targets worth drafting for: small models of the production architectures trained in code on structured chat.
 
 A randomly initialised model repeats one token, so any drafter "accepts"
-trivially or never. This one learns, in a few minutes on 2 CPU cores, to answer
+trivially or never. These learn, in a few minutes on 2 CPU cores, to answer
 generated requests whose replies follow from the prompt — copy, reverse,
 repeat, pair up, count on, add — inside a Qwen-style chat template (raypipe's
-`qwen_strict`, thinking off), with its own word-level vocabulary. Its greedy
-replies vary with the context and a bigram model cannot predict them, so a
-drafter is accepted only as far as it has learned to follow the target.
+`qwen_strict`, thinking off), with their own word-level vocabulary. Their
+greedy replies vary with the context and a bigram model cannot predict them,
+so a drafter is accepted only as far as it has learned to follow the target.
+
+Two architectures, the same tasks, vocabulary and tokenizer:
+- `qwen3` (`builtin:demo`): Qwen3-8B's, four attention layers.
+- `qwen36` (`builtin:demo_qwen36`): Qwen3.6-27B's. A composite config
+  (`text_config` + a one-layer `vision_config`), Gated DeltaNet
+  (`linear_attention`) and gated full-attention layers in Qwen3.6's pattern,
+  partial rotary 0.25 and the M-RoPE keys of the real config. A drafter that
+  reaches the Qwen3 demo's acceptance on it shows the train/serve contract of
+  Qwen3.6 holds where a random target (τ ≈ 1 whatever happens) cannot.
 
 Deterministic from the seed, built once and cached (the directory appears
 atomically); prompts for data, training and evaluation come from the same
@@ -27,6 +36,7 @@ from raypipe.assets.templates import load_template
 from raypipe.progress import progress
 
 DEMO_TARGET_VERSION = "1"
+ARCHITECTURES = ("qwen3", "qwen36")
 _STAMP_FILE = "raypipe_demo_target.json"
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<|mask|>", "<unk>"]
@@ -154,10 +164,13 @@ def build_tokenizer() -> object:
     return tok
 
 
-def demo_target_config(vocab_size: int) -> object:
+def demo_target_config(vocab_size: int, arch: str = "qwen3") -> object:
+    """The demo target's config: Qwen3's, or Qwen3.6's composite one (`demo_qwen36_config`)."""
     from transformers import Qwen3Config
 
     tok_ids = {t: i for i, t in enumerate(vocabulary())}
+    if arch == "qwen36":
+        return demo_qwen36_config(vocab_size, tok_ids)
     return Qwen3Config(
         vocab_size=vocab_size,
         hidden_size=128,
@@ -177,6 +190,59 @@ def demo_target_config(vocab_size: int) -> object:
     )
 
 
+def demo_qwen36_config(vocab_size: int, tok_ids: dict[str, int]) -> object:
+    """Qwen3.6-27B's text config at the demo's width: its layer pattern (three Gated DeltaNet layers, then gated full
+    attention), its rope (partial rotary 0.25 with the M-RoPE section and interleaving keys, theta 1e7), no tied
+    embeddings; a one-layer vision tower as the composite config needs. Head dims are the smallest vLLM's CPU kernels
+    take (attention 32, so 8 rotated dims; Gated DeltaNet 128). Image and video token ids lie past the word
+    vocabulary: text never contains them."""
+    from transformers import Qwen3_5Config
+
+    return Qwen3_5Config(
+        text_config={
+            "vocab_size": vocab_size,
+            "hidden_size": 128,
+            "intermediate_size": 384,
+            "num_hidden_layers": 4,
+            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "max_position_embeddings": 512,
+            "rms_norm_eps": 1e-6,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10_000_000.0,
+                "partial_rotary_factor": 0.25,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+            "tie_word_embeddings": False,
+            "bos_token_id": tok_ids["<|endoftext|>"],
+            "eos_token_id": tok_ids["<|im_end|>"],
+            "pad_token_id": tok_ids["<|endoftext|>"],
+            "dtype": "float32",
+        },
+        vision_config={
+            "depth": 1,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": 128,
+            "num_position_embeddings": 64,
+        },
+        image_token_id=vocab_size,
+        video_token_id=vocab_size + 1,
+        vision_start_token_id=vocab_size + 2,
+        vision_end_token_id=vocab_size + 3,
+        tie_word_embeddings=False,
+    )
+
+
 def encode(tok: object, messages: list[dict[str, str]]) -> tuple[list[int], int]:
     """(token ids of the whole conversation, length of the prompt before the last reply)."""
     prompt = tok.apply_chat_template(messages[:-1], add_generation_prompt=True, enable_thinking=False, tokenize=False)
@@ -187,19 +253,20 @@ def encode(tok: object, messages: list[dict[str, str]]) -> tuple[list[int], int]
     return prompt_ids + reply_ids, len(prompt_ids)
 
 
-def train_demo_target(directory: Path, seed: int, steps: int = 600, batch: int = 48) -> None:
+def train_demo_target(directory: Path, seed: int, arch: str = "qwen3", steps: int = 600, batch: int = 48) -> None:
     """Train from scratch on generated conversations (loss on the last reply) and save model + tokenizer."""
-    from transformers import Qwen3ForCausalLM
+    from transformers import Qwen3_5ForConditionalGeneration, Qwen3ForCausalLM
 
     tok = build_tokenizer()
     rng = random.Random(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(demo_target_config(len(tok)))
+        model_class = Qwen3_5ForConditionalGeneration if arch == "qwen36" else Qwen3ForCausalLM
+        model = model_class(demo_target_config(len(tok), arch))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
         schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=3e-3, total_steps=steps, pct_start=0.05)
         model.train()
-        bar = progress(steps, "[demo target] training", "steps")
+        bar = progress(steps, f"[demo target {arch}] training", "steps")
         for _ in range(steps):
             rows = [encode(tok, make_conversation(rng)) for _ in range(batch)]
             width = max(len(ids) for ids, _ in rows)
@@ -221,23 +288,25 @@ def train_demo_target(directory: Path, seed: int, steps: int = 600, batch: int =
     tok.save_pretrained(directory)
 
 
-def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0) -> Path:
-    """Train and write the demo target to `output_dir` once (atomically); later calls reuse it."""
+def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0, arch: str = "qwen3") -> Path:
+    """Train and write the demo target of `arch` to `output_dir` once (atomically); later calls reuse it."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown demo target architecture {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     out = Path(output_dir).expanduser()
-    stamp = {"version": DEMO_TARGET_VERSION, "seed": seed}
+    stamp = {"version": DEMO_TARGET_VERSION, "seed": seed, "arch": arch}
     stamp_file = out / _STAMP_FILE
     if not stamp_file.is_file():
         if out.exists() and any(out.iterdir()):
             raise ValueError(f"{out} is not empty and holds no demo target; pass a new or empty directory")
 
-        print(f"[demo target] not built yet: training it once, into {out}", flush=True)
+        print(f"[demo target] not built yet: training it once ({arch}), into {out}", flush=True)
 
         def write(tmp: Path) -> None:
-            train_demo_target(tmp, seed)
+            train_demo_target(tmp, seed, arch)
             (tmp / _STAMP_FILE).write_text(json.dumps(stamp))
 
         write_dir_atomically(out, write)
-    found = json.loads(stamp_file.read_text())
+    found = {"arch": "qwen3", **json.loads(stamp_file.read_text())}  # builds before `arch` existed were Qwen3
     if found != stamp:
         raise ValueError(
             f"{out} holds a demo target built with {found}, not {stamp}; remove it or pass the seed it was built with"
