@@ -22,8 +22,8 @@ from fsspec.implementations.local import LocalFileSystem
 from raypipe.config import RaypipeConfig
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
-from raypipe.target import resolve_model
-from raypipe.train.checkpoint import CONFIG_FILE, DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
+from raypipe.target import resolve_model, resolve_target
+from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
 from raypipe.train.contract import Contract, TargetFacts, check_drafter
 from raypipe.train.launcher import best_checkpoint
 
@@ -38,12 +38,12 @@ def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, A
 def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict[str, Any]:
     """Export one checkpoint's drafter to `url`, replacing what is there only once the new export is complete; a
     drafter that breaks the serving contract is refused (ContractError) before anything is written."""
-    provenance = checkpoint.read_json(PROVENANCE_FILE)
+    target = resolve_target(cfg.serve)  # the run's target and layer ids: the launcher refuses checkpoints of others
     contract = check_drafter(
         checkpoint.child(DRAFTER_DIR),
-        TargetFacts.load(resolve_model(provenance["target"], "the checkpoint's target (provenance.json)")),
-        configured_mask_token_id=checkpoint.read_json(CONFIG_FILE)["train"]["mask_token_id"],
-        served_layer_ids=provenance["layer_ids"],
+        TargetFacts.load(target.path),
+        configured_mask_token_id=cfg.train.mask_token_id,
+        served_layer_ids=list(target.layer_ids),
     )
     contract.require()
     out = Storage(url, cfg.train.storage_options)
@@ -53,7 +53,8 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
         for name in files:
             staging.write(name, checkpoint.read(f"{DRAFTER_DIR}/{name}"))
         spec_tokens = checkpoint.read_json(f"{DRAFTER_DIR}/config.json")["block_size"] - 1
-        target = provenance["target_path"]  # serve.model, or where a builtin target was built
+        provenance = checkpoint.read_json(PROVENANCE_FILE)
+        target_path = provenance["target_path"]  # serve.model, or where a builtin target was built
         doc = {
             "checkpoint": checkpoint.url,
             "training_state": checkpoint.read_json(STATE_FILE),
@@ -62,7 +63,7 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
             "contract": contract.record(),
             "speculative_config": {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens},
             "vllm_command": (
-                f"vllm serve {target} --speculative-config "
+                f"vllm serve {target_path} --speculative-config "
                 + json.dumps({"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens})
             ),
         }
