@@ -458,10 +458,10 @@ class RaypipeConfig(_Strict):
         if self.data.max_length >= self.serve.max_model_len:
             raise ValueError(
                 f"serve.max_model_len ({self.serve.max_model_len}) must exceed data.max_length "
-                f"({self.data.max_length}): rows of up to data.max_length tokens go to vLLM for their hidden states, and "
-                "vLLM refuses a prompt that leaves no room for one generated token. Set serve.max_model_len="
-                f"{self.data.max_length + 1} or more (the shipped recipes give it data.max_length + 1024, room for "
-                "the evaluation's replies too)"
+                f"({self.data.max_length}): rows of up to data.max_length tokens go to vLLM for their hidden "
+                "states, and vLLM refuses a prompt that leaves no room for one generated token. Set "
+                f"serve.max_model_len={self.data.max_length + 1} or more (the shipped recipes give it "
+                "data.max_length + 1024, room for the evaluation's replies too)"
             )
         if self.train.hidden_states != "online" and not self.train.cache:
             raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")
