@@ -334,3 +334,22 @@ def test_check_drafter_command_prints_the_table_and_exits_1_on_a_mismatch(
     assert dims.split()[-1] == "FAIL" and "32 of 32" in dims and "8 of 32" in dims
     assert "vLLM will rotate 8 (head_dim 32 x partial_rotary_factor 0.25)" in out
     assert lines[-1] == "15 checks, 1 failed"  # without export.json the ids served in training are unknown
+
+
+@pytest.mark.integration
+def test_the_evaluation_stops_before_vllm_loads_a_drafter_that_breaks_the_contract(
+    ray_cluster: str, drafters: dict[str, Path], targets: dict[str, Target], tmp_path: Path
+) -> None:
+    """The real evaluation on the session's cluster: the engine process checks the export and the driver stops with
+    the named mismatch, instead of reporting a refusal and measuring τ on the offline replay."""
+    from raypipe.eval.evaluate import run_evaluation
+
+    cfg = load_config("debug_cpu", [f"train.output={tmp_path / 'train'}", "eval.num_prompts=2"])
+    export = tmp_path / "train" / "drafter"
+    export_checkpoint(cfg, _checkpoint(drafters["qwen3"], tmp_path / "ckpt", targets["qwen3"]), str(export))
+    config = json.loads((export / "config.json").read_text())
+    (export / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": False}))
+    with pytest.raises(ContractError, match=r"sliding_window_non_causal=false: per draft layer") as stopped:
+        run_evaluation(cfg)
+    assert f"the drafter at {export} does not match" in str(stopped.value)
+    assert not (tmp_path / "train" / "eval").exists()  # no eval.json, no plots
