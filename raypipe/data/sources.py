@@ -81,6 +81,7 @@ class Chunk:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Chunk:
+        """The chunk `to_dict` wrote (plan.json, a Ray Data row)."""
         return cls(d["index"], d["source"], d["format"], tuple(FileRange(**f) for f in d["files"]))
 
 
