@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,7 +244,7 @@ def trained_view(directory: str) -> Applied:
     from speculators.models.utils import flatten_rope_parameters
     from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-    config = DFlashSpeculatorConfig.from_pretrained(directory)
+    config = _read_config("speculators", lambda: DFlashSpeculatorConfig.from_pretrained(directory))
     layer = config.transformer_layer_config
     head_dim = layer.head_dim or layer.hidden_size // layer.num_attention_heads
     rotary = Qwen3RotaryEmbedding(flatten_rope_parameters(layer))
@@ -275,6 +276,18 @@ def trained_view(directory: str) -> Applied:
         vocab_size=layer.vocab_size,
         draft_vocab_size=config.draft_vocab_size,
     )
+
+
+def _read_config(reader: str, load: Callable[[], Any]) -> Any:
+    """`load()`; a config.json the library cannot read (vLLM's converter raises KeyError for a missing
+    mask_token_id, for one) is refused naming the library and its error."""
+    try:
+        return load()
+    except (KeyError, TypeError, ValueError) as err:
+        raise ContractError(
+            f"the drafter's config.json: {reader} cannot read it ({type(err).__name__}: {err}); export the "
+            "checkpoint's own config.json"
+        ) from err
 
 
 def _trained_block_non_causal(window: int | None, flag: bool) -> bool:
@@ -313,8 +326,9 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
     from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
     from vllm.transformers_utils.config import get_config, set_default_rope_theta, uses_mrope
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
+    from vllm.v1.worker.gpu.spec_decode.utils import get_parallel_drafting_token_id
 
-    hf = get_config(directory, trust_remote_code=False)
+    hf = _read_config("vLLM", lambda: get_config(directory, trust_remote_code=False))
     set_default_rope_theta(hf, default_theta=VLLM_DEFAULT_THETA)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     # Rotary and attention modules read the current vLLM config (custom-op dispatch); no engine or device is needed.
@@ -336,7 +350,10 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
     cache = rotary.cos_sin_cache
     angles = cache[positions].float().numpy() if cache.shape[-1] == rotary.rotary_dim else np.empty((0, 0))
     aux = list(get_eagle3_aux_layers_from_config(SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))))
-    dflash = getattr(hf, "dflash_config", None) or {}
+    try:
+        mask = get_parallel_drafting_token_id(hf)
+    except (TypeError, ValueError):  # dflash_config.mask_token_id null: vLLM has no token for the draft slots
+        mask = None
     return Applied(
         rotary=type(rotary).__name__,
         rope_type=hf.rope_parameters.get("rope_type", "default"),
@@ -346,7 +363,7 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
         neox=bool(rotary.is_neox_style),
         angles=angles,
         mrope=uses_mrope(hf),
-        mask_token_id=dflash.get("mask_token_id", getattr(hf, "mask_token_id", None)),
+        mask_token_id=mask,
         aux_layer_ids=aux,
         attention=attention,
         hidden_size=hf.hidden_size,
@@ -510,7 +527,10 @@ def _mask_token(t: Applied, v: Applied, target: TargetFacts, configured: int | N
             mask,
             v.mask_token_id,
             mask is None or mask != v.mask_token_id,
-            f"mask_token_id: the drafter trained with {mask}, vLLM will fill draft slots with {v.mask_token_id} "
+            f"mask_token_id: config.json sets none, so vLLM has no token to fill draft slots with; set it to the id "
+            f"the drafter trained with (raypipe's default: the first unused row, {unused})"
+            if mask is None
+            else f"mask_token_id: the drafter trained with {mask}, vLLM will fill draft slots with {v.mask_token_id} "
             "(dflash_config.mask_token_id); set mask_token_id in config.json to the id it trained with",
         ),
         _check(

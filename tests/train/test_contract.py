@@ -147,6 +147,13 @@ MISMATCHES = {
         {("mask_token", "mask embedding")},
         "mask_token_id: 151936 is outside the target's embedding (151936 rows)",
     ),
+    "mask: none": (
+        "qwen3",
+        top(mask_token_id=None),
+        None,
+        {("mask_token", "mask_token_id")},
+        "mask_token_id: config.json sets none, so vLLM has no token to fill draft slots with",
+    ),
     "mask: a text token": (
         "qwen3",
         top(mask_token_id=9707),
@@ -241,6 +248,14 @@ def test_a_mask_embedding_file_is_named_as_vllm_replaces_the_row_with_it(
         "mask_embedding.pt: vLLM replaces the target's row 151669 with it, while the drafter trained with that row "
         "itself; delete the file from the drafter directory"
     ]
+
+
+def test_a_config_vllm_cannot_read_is_refused_naming_vllms_error(
+    drafters: dict[str, Path], facts: dict[str, TargetFacts], tmp_path: Path
+) -> None:
+    directory = variant(drafters["qwen3"], tmp_path / "drafter", lambda c: c.pop("mask_token_id"))
+    with pytest.raises(ContractError, match=r"config.json: vLLM cannot read it \(KeyError: 'mask_token_id'\)"):
+        check(directory, facts["qwen3"])
 
 
 def test_a_text_token_the_run_chose_as_mask_passes(
