@@ -115,8 +115,9 @@ class DataConfig(_Strict):
     chunk_bytes: int = Field(
         default=16 << 20,
         gt=0,
-        description="Most input bytes per output shard (JSONL, gzip by decompressed bytes; a Parquet row group is one "
-        "shard); a smaller input is cut finer, so that each actor has 4 shards (at least 256 KiB each).",
+        description="Most input bytes per output shard (JSONL, gzip by decompressed bytes, Parquet by row groups, "
+        "never cut): large files are cut into shards, small files of one source share one; a smaller input is cut "
+        "finer, so that each actor has 4 shards (at least 256 KiB each).",
     )
     batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
     num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
