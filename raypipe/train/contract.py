@@ -347,9 +347,10 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
             except (ValueError, NotImplementedError) as err:
                 attention.append(f"refused: {err}")
     positions = torch.from_numpy(angle_positions(hf.max_position_embeddings))
-    cache = rotary.cos_sin_cache
-    angles = cache[positions].float().numpy() if cache.shape[-1] == rotary.rotary_dim else np.empty((0, 0))
-    aux = list(get_eagle3_aux_layers_from_config(SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))))
+    cache = rotary.cos_sin_cache  # [positions it covers, rotary_dim] for vLLM's rotaries of 1-D positions
+    angles = cache[positions[positions < len(cache)]].float().numpy()
+    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
+    aux = list(get_eagle3_aux_layers_from_config(spec) or ())
     try:
         mask = get_parallel_drafting_token_id(hf)
     except (TypeError, ValueError):  # dflash_config.mask_token_id null: vLLM has no token for the draft slots
@@ -466,8 +467,9 @@ def _angles(t: Applied, v: Applied, rope: dict[str, Any]) -> Check:
             trained,
             v.rotary,
             True,
-            f"{where}: vLLM's {v.rotary} keeps no cos/sin cache raypipe can compare with training's {t.rope_type} "
-            "rope; use rope_type default, linear, dynamic or yarn",
+            f"{where}: at positions up to max_position_embeddings vLLM's {v.rotary} gives cos/sin of shape "
+            f"{list(v.angles.shape)}, training's {t.rope_type} rope {list(t.angles.shape)}; use rope_type default, "
+            "linear, dynamic or yarn",
         )
     worst = float(np.abs(t.angles - v.angles).max())
     return _check(
