@@ -2,9 +2,15 @@
 
 - `qwen3`: Qwen3 (`Qwen3ForCausalLM`), Qwen3-8B's architecture.
 - `qwen36`: Qwen3.6 (`Qwen3_5ForConditionalGeneration`), Qwen3.6-27B's: a
-  composite config (`text_config` + `vision_config`), three Gated DeltaNet
-  (`linear_attention`) layers and one gated `full_attention` layer, a one-layer
-  vision tower, the vocabulary padded to Qwen3.6's 248,320 rows. Like Qwen's
+  composite config (`text_config` + `vision_config`), its layer pattern (three
+  Gated DeltaNet `linear_attention` layers, then a gated `full_attention` one)
+  twice, a one-layer vision tower, the vocabulary padded to Qwen3.6's 248,320
+  rows. Eight layers, not four: DFlash's default taps five auxiliary layers, as
+  on the 27B, and a 5-layer drafter's attention layers stay in one vLLM KV cache
+  group (vLLM groups a hybrid model's layers by the smaller of its attention and
+  Gated DeltaNet layer counts, and refuses draft layers split across groups:
+  with one full-attention target layer, 1 + 5 attention layers against 3 Gated
+  DeltaNet ones are split; the 27B's 16 + 5 against 48 are not). Like Qwen's
   base checkpoints its config and tokenizer name `<|endoftext|>` as eos: only
   the template (and generation_config.json) say that a turn ends with `<|im_end|>`.
 
@@ -28,7 +34,7 @@ from transformers import GenerationConfig, PretrainedConfig, Qwen3Config
 from raypipe.assets.qwen_vocab import build_qwen_tokenizer, write_dir_atomically
 
 # Bump whenever the built model changes, so stale directories are refused instead of reused.
-TINY_TARGET_VERSION = "3"
+TINY_TARGET_VERSION = "4"
 ENDOFTEXT, IM_END = 151_643, 151_645
 
 _STAMP_FILE = "raypipe_tiny_target.json"
@@ -64,8 +70,8 @@ def tiny_qwen36_config() -> PretrainedConfig:
             "vocab_size": 248_320,
             "hidden_size": 128,
             "intermediate_size": 256,
-            "num_hidden_layers": 4,
-            "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+            "num_hidden_layers": 8,
+            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
             "head_dim": 32,

@@ -96,8 +96,8 @@ def test_qwen36_is_the_composite_hybrid_architecture(tiny_qwen36: Path) -> None:
     config = AutoConfig.from_pretrained(tiny_qwen36)
     text = config.get_text_config()
     assert config.architectures == ["Qwen3_5ForConditionalGeneration"] and config.vision_config.depth == 1
-    assert (text.vocab_size, text.hidden_size, text.num_hidden_layers) == (248_320, 128, 4)
-    assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert (text.vocab_size, text.hidden_size, text.num_hidden_layers) == (248_320, 128, 8)
+    assert text.layer_types == (["linear_attention"] * 3 + ["full_attention"]) * 2
     assert (text.head_dim, text.linear_key_head_dim, text.linear_value_head_dim) == (
         32,
         128,
@@ -116,7 +116,7 @@ def test_qwen36_loads_as_its_language_model_and_runs(tiny_qwen36: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen36)
     _, embeddings, layers = decoder_parts(model)
     assert (
-        type(model).__name__ == "Qwen3_5ForCausalLM" and len(layers) == 4 and embeddings.weight.shape == (248_320, 128)
+        type(model).__name__ == "Qwen3_5ForCausalLM" and len(layers) == 8 and embeddings.weight.shape == (248_320, 128)
     )
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([[9707, 1879, 11]])).logits

@@ -157,10 +157,9 @@ def test_the_reference_has_nonzero_finite_states_at_every_default_layer_of_the_h
     hybrid_target: Target,
 ) -> None:
     engine = TransformersEngine(hybrid_target.path, hybrid_target.layer_ids, dtype="bfloat16")  # the canary's dtype
-    assert layer_kinds(hybrid_target.shape, hybrid_target.layer_ids) == (
-        "linear_attention output",
-        "full_attention output",
-    )  # the default ids serve both kinds
+    linear, full = "linear_attention output", "full_attention output"
+    assert hybrid_target.layer_ids == (1, 2, 3, 4, 5, 8)  # DFlash's default: five aux layers and the last
+    assert layer_kinds(hybrid_target.shape, hybrid_target.layer_ids) == (linear, linear, linear, full, linear, full)
     for prompt, states in zip(CANARY_PROMPTS, engine.extract([list(p) for p in CANARY_PROMPTS])):
         assert states.shape == (len(prompt), len(hybrid_target.layer_ids), 128)
         assert states.isfinite().all() and (states.norm(dim=-1) > 0).all()
@@ -214,15 +213,15 @@ def test_the_hybrid_targets_canary_passes_on_vllm_and_names_a_served_layer_made_
         s[:, 0] = 0
 
     def zero_past_128(s: torch.Tensor) -> None:
-        s[128:, 1] = 0
+        s[128:, -1] = 0
 
     def first_as_last(s: torch.Tensor) -> None:
-        s[:, 1] = s[:, 0]
+        s[:, -1] = s[:, 0]
 
     for change, expected, other in (
-        (zero_first, "layer 1 (linear_attention output): all zeros", "layer 4"),
-        (zero_past_128, "layer 4 (full_attention output): zero at prompt 3 (160 tokens) positions 128-159", "layer 1"),
-        (first_as_last, "layer 4 (full_attention output): relative error", "layer 1"),
+        (zero_first, "layer 1 (linear_attention output): all zeros", "layer 8"),
+        (zero_past_128, "layer 8 (full_attention output): zero at prompt 3 (160 tokens) positions 128-159", "layer 1"),
+        (first_as_last, "layer 8 (full_attention output): relative error", "layer 1"),
     ):
         message = loop.run_until_complete(canary.run(altered(change))).message()
         assert expected in message and other not in message, message

@@ -24,7 +24,8 @@ from raypipe.train.export import export_checkpoint
 TARGETS = {"qwen3": "builtin:tiny", "qwen36": "builtin:tiny_qwen36"}
 RECIPES = {"qwen3": "debug_cpu", "qwen36": "tiny_qwen36"}
 DRAFT_VOCAB = {"qwen3": None, "qwen36": 4096}  # the Qwen3.6 drafter keeps a draft vocabulary (d2t/t2d)
-SERVED = [1, 4]  # DFlash's default layers of a 4-layer target: aux [1], then the last layer
+# DFlash's default layers: of the 4-layer Qwen3, aux [1] then the last layer; of the 8-layer Qwen3.6, aux [1..5], 8
+SERVED = {"qwen3": [1, 4], "qwen36": [1, 2, 3, 4, 5, 8]}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,10 @@ def variant(
 
 def check(directory: Path, target: TargetFacts, configured: int | None = None) -> Contract:
     return check_drafter(
-        Storage(str(directory), {}), target, configured_mask_token_id=configured, served_layer_ids=SERVED
+        Storage(str(directory), {}),
+        target,
+        configured_mask_token_id=configured,
+        served_layer_ids=SERVED["qwen36" if target.shape.hybrid else "qwen3"],
     )
 
 
@@ -298,9 +302,13 @@ def test_the_export_of_each_tiny_target_passes_and_export_json_holds_the_contrac
     assert values["cos/sin"] == ("Qwen3RotaryEmbedding (default)", "RotaryEmbedding, max |diff| 0")
     assert values["M-RoPE keys"] == ("1-D RoPE", "1-D RoPE")
     assert values["mask_token_id"] == (151_669, 151_669) and values["mask token kind"] == ("unused row", "unused row")
-    assert values["aux_hidden_state_layer_ids"] == ([1], [1])
+    aux = SERVED[arch][:-1]
+    assert values["aux_hidden_state_layer_ids"] == (aux, aux)
     assert values["attention in a draft block"] == (["full, non-causal"], ["full, non-causal"])
-    assert contract["inputs"]["served_layer_ids"] == SERVED and contract["inputs"]["configured_mask_token_id"] is None
+    assert (
+        contract["inputs"]["served_layer_ids"] == SERVED[arch]
+        and contract["inputs"]["configured_mask_token_id"] is None
+    )
     if arch == "qwen36":  # the target rotates a quarter of its head with M-RoPE; the drafter, all of it with RoPE
         assert contract["inputs"]["target_rope_parameters"]["partial_rotary_factor"] == 0.25
         assert "mrope_section" in contract["inputs"]["target_rope_parameters"]
