@@ -49,9 +49,11 @@ ZERO_FIX = "the engine left those states unwritten (older vLLM did on hybrid lay
 ERROR_FIX = "check the layer mapping (raypipe.serve.layers) and the final norm"
 
 
-def canary_prompts(vocab_size: int) -> list[list[int]]:
-    """The canary prompts folded into the target's vocabulary (small vocabularies such as the demo target's)."""
-    return [[t % vocab_size for t in p] for p in CANARY_PROMPTS]
+def canary_prompts(vocab_size: int, max_len: int | None = None) -> list[list[int]]:
+    """The canary prompts folded into the target's vocabulary (small vocabularies such as the demo target's) and cut
+    to the `max_len` tokens the engine takes (raypipe.serve.validate), so a short `serve.max_model_len` never turns
+    the canary into an engine error."""
+    return [[t % vocab_size for t in p][:max_len] for p in CANARY_PROMPTS]
 
 
 def layer_kinds(shape: TargetShape, layer_ids: tuple[int, ...]) -> tuple[str, ...] | None:
@@ -255,9 +257,10 @@ class Canary:
     layer is off by tens of percent.
     """
 
-    def __init__(self, model_dir: str, layer_ids: tuple[int, ...]) -> None:
+    def __init__(self, model_dir: str, layer_ids: tuple[int, ...], max_len: int | None = None) -> None:
         self.model_dir = model_dir
         self.layer_ids = tuple(layer_ids)
+        self.max_len = max_len  # the longest sequence the engine takes
         self.builds = 0  # how often the reference was computed: once per replica
         self.runs = 0
         self.reference_dtype: str | None = None
@@ -270,7 +273,7 @@ class Canary:
         from raypipe.serve.hf_engine import TransformersEngine
 
         engine = TransformersEngine(self.model_dir, self.layer_ids, dtype="bfloat16")
-        prompts = canary_prompts(engine.vocab_size)
+        prompts = canary_prompts(engine.vocab_size, self.max_len)
         self.reference_dtype = str(engine.model.dtype).removeprefix("torch.")
         self.builds += 1
         kinds = layer_kinds(TargetShape.of(engine.model.config), self.layer_ids)

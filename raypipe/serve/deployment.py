@@ -148,7 +148,7 @@ class HiddenStateService:
         self.max_in_flight = 0
         self._background: set[asyncio.Future[Any]] = set()  # cancelled requests' engine work, finishing (see _paths)
         self.last_canary: CanaryReport | None = None
-        self.canary_check = Canary(target.path, self.layer_ids)
+        self.canary_check = Canary(target.path, self.layer_ids, max_len=cfg.max_model_len - 1)
         self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
         self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
         self.m_latency = Histogram(

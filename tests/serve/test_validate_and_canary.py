@@ -37,6 +37,8 @@ def test_good_request_passes():
 def test_canary_prompts_fold_into_a_small_vocabulary():
     assert canary_prompts(151_936) == [list(p) for p in CANARY_PROMPTS]
     assert all(0 <= t < 65 for p in canary_prompts(65) for t in p)
+    # Cut to what the engine takes: a prompt of serve.max_model_len tokens would be vLLM's error, not the canary's.
+    assert max(map(len, canary_prompts(151_936))) > 100 and max(map(len, canary_prompts(151_936, 100))) == 100
 
 
 def test_canary_passes_on_equal_engines_and_names_the_wrong_layer(tiny_target):
