@@ -168,6 +168,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from raypipe.config import RECIPES_DIR
     from raypipe.progress import verbose
 
     parser = argparse.ArgumentParser(prog="raypipe", description="Train DFlash drafters for chat models on Ray.")
@@ -189,11 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
             cmd_pipeline,
         ),
     ]
+    recipe_names = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
     for name, help_text, func in recipe_commands:
         command = sub.add_parser(name, help=help_text)
-        command.add_argument(
-            "--recipe", required=True, help="Recipe name (demo, debug_cpu, qwen3_8b, qwen36_27b) or a YAML file."
-        )
+        command.add_argument("--recipe", required=True, help=f"Recipe name ({', '.join(recipe_names)}) or a YAML file.")
         if name == "export":
             command.add_argument(
                 "--output", default=None, help="Export directory or URL; default: {train.output}/drafter."
