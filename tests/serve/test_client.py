@@ -22,7 +22,13 @@ def test_killed_replica_every_batch_returns_once_and_correct(ray_cluster, tiny_t
     # One request per engine call (budget = one request's tokens), so requests queue on the replica.
     app = HiddenStateService.options(ray_actor_options={"num_cpus": 0.5}).bind(
         serve_config(
-            tiny_target, engine="transformers", layer_ids=LAYERS, max_batch_tokens=1024, max_sequences=64, canary="off"
+            tiny_target,
+            engine="transformers",
+            layer_ids=LAYERS,
+            max_model_len=257,  # sequences of 256 tokens and the one token vLLM would generate after them
+            max_batch_tokens=1024,
+            max_sequences=64,
+            canary="off",
         )
     )
     handle = serve.run(app, name="client_test", route_prefix=None)
