@@ -191,55 +191,22 @@ def demo_target_config(vocab_size: int, arch: str = "qwen3") -> object:
 
 
 def demo_qwen36_config(vocab_size: int, tok_ids: dict[str, int]) -> object:
-    """Qwen3.6-27B's text config at the demo's width: its layer pattern (three Gated DeltaNet layers, then gated full
-    attention), its rope (partial rotary 0.25 with the M-RoPE section and interleaving keys, theta 1e7), no tied
-    embeddings; a one-layer vision tower as the composite config needs. Head dims are the smallest vLLM's CPU kernels
-    take (attention 32, so 8 rotated dims; Gated DeltaNet 128). Image and video token ids lie past the word
-    vocabulary: text never contains them."""
-    from transformers import Qwen3_5Config
+    """Qwen3.6's architecture (raypipe.assets.tiny_target.qwen36_config) at the Qwen3 demo's depth and widths, with
+    the demo's vocabulary; image and video token ids lie past it: text never contains them."""
+    from raypipe.assets.tiny_target import qwen36_config
 
-    return Qwen3_5Config(
-        text_config={
+    return qwen36_config(
+        {
             "vocab_size": vocab_size,
-            "hidden_size": 128,
             "intermediate_size": 384,
             "num_hidden_layers": 4,
             "layer_types": ["linear_attention"] * 3 + ["full_attention"],
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "head_dim": 32,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 2,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
             "max_position_embeddings": 512,
-            "rms_norm_eps": 1e-6,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10_000_000.0,
-                "partial_rotary_factor": 0.25,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-            "tie_word_embeddings": False,
             "bos_token_id": tok_ids["<|endoftext|>"],
             "eos_token_id": tok_ids["<|im_end|>"],
             "pad_token_id": tok_ids["<|endoftext|>"],
-            "dtype": "float32",
         },
-        vision_config={
-            "depth": 1,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_heads": 2,
-            "out_hidden_size": 128,
-            "num_position_embeddings": 64,
-        },
-        image_token_id=vocab_size,
-        video_token_id=vocab_size + 1,
-        vision_start_token_id=vocab_size + 2,
-        vision_end_token_id=vocab_size + 3,
-        tie_word_embeddings=False,
+        (vocab_size, vocab_size + 1, vocab_size + 2, vocab_size + 3),
     )
 
 

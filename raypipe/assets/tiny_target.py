@@ -60,18 +60,18 @@ def tiny_target_config() -> Qwen3Config:
     )
 
 
-def tiny_qwen36_config() -> PretrainedConfig:
-    """Qwen3.6-27B's composite config and layer pattern at toy width (rope and token ids as in Qwen3.6, ids of Qwen3's
-    vocabulary)."""
+def qwen36_config(text: dict[str, Any], media_token_ids: tuple[int, int, int, int]) -> PretrainedConfig:
+    """Qwen3.6-27B's composite config at toy width: its layer pattern (three Gated DeltaNet layers, then a gated full
+    attention one), its rope (partial rotary 0.25 with the real config's M-RoPE section and interleaving keys, theta
+    1e7), no tied embeddings, a one-layer vision tower as the composite config needs; `text` sets the rest (vocabulary,
+    layers, widths, token ids). Head dims are the smallest vLLM's CPU kernels take: attention 32 (8 rotated dims),
+    Gated DeltaNet 128 (the CPU kernel refuses 32). `media_token_ids`: image, video, vision start and end."""
     from transformers import Qwen3_5Config
 
+    image, video, start, end = media_token_ids
     return Qwen3_5Config(
         text_config={
-            "vocab_size": 248_320,
             "hidden_size": 128,
-            "intermediate_size": 256,
-            "num_hidden_layers": 8,
-            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
             "num_attention_heads": 4,
             "num_key_value_heads": 2,
             "head_dim": 32,
@@ -79,7 +79,6 @@ def tiny_qwen36_config() -> PretrainedConfig:
             "linear_num_value_heads": 2,
             "linear_key_head_dim": 128,
             "linear_value_head_dim": 128,
-            "max_position_embeddings": 4096,
             "rms_norm_eps": 1e-6,
             "rope_parameters": {
                 "rope_type": "default",
@@ -89,9 +88,8 @@ def tiny_qwen36_config() -> PretrainedConfig:
                 "mrope_interleaved": True,
             },
             "tie_word_embeddings": False,
-            "bos_token_id": ENDOFTEXT,
-            "eos_token_id": ENDOFTEXT,
             "dtype": "float32",
+            **text,
         },
         vision_config={
             "depth": 1,
@@ -101,11 +99,27 @@ def tiny_qwen36_config() -> PretrainedConfig:
             "out_hidden_size": 128,
             "num_position_embeddings": 64,
         },
-        image_token_id=151_655,
-        video_token_id=151_656,
-        vision_start_token_id=151_652,
-        vision_end_token_id=151_653,
+        image_token_id=image,
+        video_token_id=video,
+        vision_start_token_id=start,
+        vision_end_token_id=end,
         tie_word_embeddings=False,
+    )
+
+
+def tiny_qwen36_config() -> PretrainedConfig:
+    """Qwen3.6's architecture with Qwen's vocabulary (padded to 248,320 rows) and token ids, the pattern twice."""
+    return qwen36_config(
+        {
+            "vocab_size": 248_320,
+            "intermediate_size": 256,
+            "num_hidden_layers": 8,
+            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 2,
+            "max_position_embeddings": 4096,
+            "bos_token_id": ENDOFTEXT,
+            "eos_token_id": ENDOFTEXT,
+        },
+        (151_655, 151_656, 151_652, 151_653),
     )
 
 
