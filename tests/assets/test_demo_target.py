@@ -78,6 +78,30 @@ def test_training_is_deterministic(tmp_path) -> None:
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
 
 
+def test_the_qwen36_demo_target_has_qwen36s_architecture_and_the_demo_vocabulary(tmp_path) -> None:
+    """What builtin:demo_qwen36 is, from a two-step build (the full build takes minutes; BENCHMARKS.md, issue 38)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from raypipe.assets.demo_target import build_demo_target, train_demo_target, vocabulary
+
+    train_demo_target(tmp_path, seed=3, arch="qwen36", steps=2, batch=4)
+    config = AutoConfig.from_pretrained(tmp_path)
+    text = config.get_text_config()
+    assert config.architectures == ["Qwen3_5ForConditionalGeneration"] and config.vision_config.depth == 1
+    assert text.layer_types == ["linear_attention"] * 3 + ["full_attention"] and text.vocab_size == len(vocabulary())
+    rope = text.rope_parameters
+    assert rope["partial_rotary_factor"] == 0.25 and rope["mrope_section"] == [2, 1, 1] and rope["mrope_interleaved"]
+    assert config.image_token_id >= text.vocab_size  # the demo's text never holds a media token
+    tok = build_tokenizer()
+    ids, _ = encode(tok, make_conversation(random.Random(1)))
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)  # the language model alone, as the canary loads it
+    with torch.no_grad():
+        assert torch.isfinite(model(input_ids=torch.tensor([ids])).logits).all()
+    (tmp_path / "raypipe_demo_target.json").write_text('{"version": "1", "seed": 3, "arch": "qwen36"}')
+    with pytest.raises(ValueError, match="qwen3"):
+        build_demo_target(tmp_path, seed=3)  # a Qwen3.6 build is never taken for the Qwen3 demo target
+
+
 def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp_path) -> None:
     import json
 
