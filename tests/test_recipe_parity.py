@@ -244,6 +244,7 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     assert not any(k.startswith("mrope") for k in config["transformer_layer_config"]["rope_parameters"])
     weights = safetensors_shapes(drafter.read("model.safetensors"))
     assert "lm_head.weight" not in weights and "d2t" not in weights, "a full-vocabulary drafter uses the target's head"
+    assert drafter.read_json("export.json")["contract"]["verdict"] == "ok"  # what it trained with is what vLLM applies
 
     # Evaluation: vLLM drafted with the exported drafter at the recipe's block size, on the recipe's temperatures.
     doc = json.loads(s3.cat_file(f"{bucket}/raypipe/{recipe}/train/eval/eval.json"))
