@@ -11,6 +11,7 @@ with full-attention layers; vLLM must run them without prefix caching
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -85,6 +86,20 @@ class TargetShape:
         return num_layer_ids * self.hidden_size * dtype_bytes
 
 
+TOKENIZER_DIR = "tokenizer"
+
+
+def tokenizer_path(model: str) -> str:
+    """Where a target's tokenizer loads from: its `tokenizer/` folder where it has one, else the target itself.
+
+    `AutoTokenizer` picks the tokenizer class by the model type for some types (every `qwen3_5` model gets Qwen's
+    byte-level BPE class, whatever tokenizer.json holds), so a target whose tokenizer is another kind (the Qwen3.6
+    demo target's word vocabulary) keeps it in a folder without the model's config, where its own class loads. vLLM
+    gets it as `tokenizer`."""
+    folder = Path(model) / TOKENIZER_DIR
+    return str(folder) if folder.is_dir() else model
+
+
 @dataclass(frozen=True)
 class Target:
     """A resolved target: where it is, its shape, and the layer ids the service serves and the drafter reads."""
@@ -93,6 +108,10 @@ class Target:
     path: str  # local directory or hub id
     shape: TargetShape
     layer_ids: tuple[int, ...]  # raypipe.serve.layers convention; the last is the target's last layer for the drafter
+
+    @property
+    def tokenizer_path(self) -> str:
+        return tokenizer_path(self.path)
 
 
 def load_target(name: str, path: str, layer_ids: list[int] | None = None) -> Target:

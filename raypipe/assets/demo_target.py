@@ -15,7 +15,8 @@ Two architectures, the same tasks, vocabulary and tokenizer:
   (`linear_attention`) and gated full-attention layers in Qwen3.6's pattern,
   partial rotary 0.25 and the M-RoPE keys of the real config. A drafter that
   reaches the Qwen3 demo's acceptance on it shows the train/serve contract of
-  Qwen3.6 holds where a random target (τ ≈ 1 whatever happens) cannot.
+  Qwen3.6 holds where a random target (τ ≈ 1 whatever happens) cannot. Its
+  tokenizer lives in `tokenizer/` (raypipe.target.tokenizer_path).
 
 Deterministic from the seed, built once and cached (the directory appears
 atomically); prompts for data, training and evaluation come from the same
@@ -34,6 +35,7 @@ import torch
 from raypipe.assets.qwen_vocab import write_dir_atomically
 from raypipe.assets.templates import load_template
 from raypipe.progress import progress
+from raypipe.target import TOKENIZER_DIR
 
 DEMO_TARGET_VERSION = "1"
 ARCHITECTURES = ("qwen3", "qwen36")
@@ -252,7 +254,8 @@ def train_demo_target(directory: Path, seed: int, arch: str = "qwen3", steps: in
             bar.update()
         bar.close()
     model.save_pretrained(directory)
-    tok.save_pretrained(directory)
+    # A qwen3_5 model's folder would load Qwen's byte-level BPE class instead (raypipe.target.tokenizer_path).
+    tok.save_pretrained(directory / TOKENIZER_DIR if arch == "qwen36" else directory)
 
 
 def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0, arch: str = "qwen3") -> Path:

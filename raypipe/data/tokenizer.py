@@ -66,9 +66,9 @@ def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
         return build_tokenizer()  # the demo target's own vocabulary, without training the target
     from transformers import AutoTokenizer
 
-    from raypipe.target import resolve_model
+    from raypipe.target import resolve_model, tokenizer_path
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(name, key="data.tokenizer"))
+    tok = AutoTokenizer.from_pretrained(tokenizer_path(resolve_model(name, key="data.tokenizer")))
     if not tok.is_fast:
         raise ValueError(f"data.tokenizer: {name} has no fast tokenizer; raypipe needs tokenizer.json")
     return tok

@@ -42,6 +42,7 @@ def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for the target under `serve.*`."""
     args: dict[str, Any] = {
         "model": target.path,
+        "tokenizer": target.tokenizer_path,
         "dtype": cfg.dtype,
         "max_model_len": cfg.max_model_len,
         "max_num_seqs": cfg.max_sequences,

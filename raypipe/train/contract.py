@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from raypipe.storage import Storage
-from raypipe.target import TargetShape
+from raypipe.target import TargetShape, tokenizer_path
 
 ITEMS = ("rotary", "mrope", "mask_token", "target_layers", "non_causal", "hidden_vocab")
 ANGLE_TOLERANCE = 1e-3  # cos/sin; the same rotary in both computes them within float32 rounding (0.0 measured)
@@ -87,7 +87,7 @@ class TargetFacts:
         from transformers import AutoConfig, AutoTokenizer
 
         config = AutoConfig.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path(path))
         return cls(
             path=path,
             shape=TargetShape.of(config),

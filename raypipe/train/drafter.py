@@ -18,7 +18,7 @@ import torch
 from transformers import AutoTokenizer
 
 from raypipe.config import TrainConfig
-from raypipe.target import Target
+from raypipe.target import Target, tokenizer_path
 from raypipe.train.vocab import DraftVocab
 
 
@@ -40,7 +40,7 @@ def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) ->
         if not 0 <= explicit < vocab_size:
             raise ValueError(f"train.mask_token_id={explicit} is outside the target's vocabulary [0, {vocab_size})")
         return explicit
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path(target))
     if tokenizer.mask_token_id is not None:
         return int(tokenizer.mask_token_id)
     if len(tokenizer) < vocab_size:

@@ -80,9 +80,10 @@ def test_training_is_deterministic(tmp_path) -> None:
 
 def test_the_qwen36_demo_target_has_qwen36s_architecture_and_the_demo_vocabulary(tmp_path) -> None:
     """What builtin:demo_qwen36 is, from a two-step build (the full build takes minutes; BENCHMARKS.md, issue 38)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from raypipe.assets.demo_target import build_demo_target, train_demo_target, vocabulary
+    from raypipe.target import tokenizer_path
 
     train_demo_target(tmp_path, seed=3, arch="qwen36", steps=2, batch=4)
     config = AutoConfig.from_pretrained(tmp_path)
@@ -94,6 +95,13 @@ def test_the_qwen36_demo_target_has_qwen36s_architecture_and_the_demo_vocabulary
     assert config.image_token_id >= text.vocab_size  # the demo's text never holds a media token
     tok = build_tokenizer()
     ids, _ = encode(tok, make_conversation(random.Random(1)))
+    # AutoTokenizer gives a qwen3_5 model's folder Qwen's byte-level BPE class, which splits the words into letters;
+    # the tokenizer's own folder (what vLLM and raypipe load) keeps the word vocabulary.
+    saved = AutoTokenizer.from_pretrained(tokenizer_path(str(tmp_path)))
+    assert tokenizer_path(str(tmp_path)) == str(tmp_path / "tokenizer") and saved.mask_token_id == tok.mask_token_id
+    assert saved.convert_ids_to_tokens(ids) == tok.convert_ids_to_tokens(ids) and saved(tok.decode(ids))["input_ids"]
+    text = "copy : a b c"
+    assert saved(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(tmp_path)  # the language model alone, as the canary loads it
     with torch.no_grad():
         assert torch.isfinite(model(input_ids=torch.tensor([ids])).logits).all()
