@@ -45,23 +45,24 @@ def debug_drafter_step(target: Any, rows: list[Any], vocab: Any = None) -> Calla
 
     tc = TrainConfig(
         output="unused",
-        draft_layers=1,
-        block_size=4,
-        max_pack_anchors=32,
-        step_tokens=3072,
-        use_gpu=False,
-        seed=0,
-        loss="kl_div",
-        position_weighting="exp_decay",
-        loss_decay_gamma=2.0,
-        draft_vocab_size=vocab.size if vocab is not None else None,
+        drafter={"draft_layers": 1, "block_size": 4, "draft_vocab_size": vocab.size if vocab is not None else None},
+        objective={
+            "max_pack_anchors": 32,
+            "loss": "kl_div",
+            "position_weighting": "exp_decay",
+            "loss_decay_gamma": 2.0,
+        },
+        schedule={"step_tokens": 3072, "seed": 0},
+        run={"use_gpu": False},
     )
     drafter = build_drafter(target, tc, vocab)
-    install_row_anchors(drafter, tc.max_anchors)
+    install_row_anchors(drafter, tc.objective.max_anchors)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
     states = [torch.randn(len(r.input_ids), len(target.layer_ids), target.shape.hidden_size) for r in rows]
     batch = drafter_inputs(pack_host(rows, states, pin=False), torch.float32)
-    count = anchor_count([r.loss_mask for r in rows], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
+    count = anchor_count(
+        [r.loss_mask for r in rows], tc.objective.max_anchors, tc.objective.max_pack_anchors, tc.drafter.block_size
+    )
 
     def step() -> None:
         _, loss, _ = drafter(**batch, **step_kwargs(tc), max_anchors=count)

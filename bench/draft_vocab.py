@@ -1,5 +1,5 @@
-"""A drafter step with the target's whole vocabulary against a draft vocabulary (`train.draft_vocab_size`), side by
-side in one process.
+"""A drafter step with the target's whole vocabulary against a draft vocabulary
+(`train.drafter.draft_vocab_size`), side by side in one process.
 
     python bench/draft_vocab.py [--draft-vocab-size 8192] [--steps 10]
 

@@ -149,15 +149,10 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
 
     tc = TrainConfig(
         output="unused",
-        draft_layers=args.draft_layers,
-        block_size=args.block,
-        max_anchors=args.anchors,
-        max_pack_anchors=args.anchors,
-        step_tokens=args.seq,
-        use_gpu=device.type == "cuda",
-        strategy=strategy,
-        mask_token_id=151_669,
-        seed=0,
+        drafter={"draft_layers": args.draft_layers, "block_size": args.block, "mask_token_id": 151_669},
+        objective={"max_anchors": args.anchors, "max_pack_anchors": args.anchors},
+        schedule={"step_tokens": args.seq, "seed": 0},
+        run={"use_gpu": device.type == "cuda", "strategy": strategy},
     )
     config = drafter_config(target, tc)
     torch.manual_seed(0)
@@ -169,7 +164,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
                     not param.requires_grad and param.dim() == 2
                 ):  # the target's embedding and heads, left empty until load_verifier_weights
                     param.normal_(0.0, 0.02)
-    install_row_anchors(drafter, tc.max_anchors)
+    install_row_anchors(drafter, tc.objective.max_anchors)
     model = place_drafter(drafter, strategy, device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0)
@@ -195,7 +190,9 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
             sync()
             start = time.perf_counter()
             compile_s = start - t0
-        model_metrics = train_step(model, params, optimizer, scheduler, batch, kwargs, tc.grad_clip, 1.0, autocast)
+        model_metrics = train_step(
+            model, params, optimizer, scheduler, batch, kwargs, tc.optim.grad_clip, 1.0, autocast
+        )
         metrics.add(model_metrics, tokens=float(args.seq))
         if (i + 1) % args.log_every == 0:
             logged.append(metrics.reduce())

@@ -50,7 +50,7 @@ def main() -> None:
             f"data.sources=[{{path: {OUT}/src/train.jsonl}}]",
             f"data.output={OUT}/prepared",
             f"train.output={OUT}/train",
-            "train.reply_max_sequences=64",
+            "train.run.reply_max_sequences=64",
         ],
     )
     ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
@@ -70,7 +70,9 @@ def main() -> None:
             rows.row(int(rows.offsets[shard]) + p).input_ids[len(q) :].tolist()
             for p, q in zip(positions, shard_prompts)
         ]
-    llm = LLM(**{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences})
+    llm = LLM(
+        **{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.run.reply_max_sequences}
+    )
     params = SamplingParams(**reply_sampling(cfg, rows.end_of_turn_id))
     start = time.perf_counter()
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)

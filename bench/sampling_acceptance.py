@@ -78,7 +78,7 @@ def main() -> None:
         runs = generate_in_vllm(
             engine_args(target, cfg.serve),
             export,
-            cfg.train.block_size - 1,
+            cfg.train.drafter.block_size - 1,
             prompts,
             [0.0, 1e-4, 0.01, 1.0, 1.0],
             max_tokens=cfg.eval.max_tokens,

@@ -33,7 +33,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
 
 def steady(steps: list[dict], warmup: int) -> dict[str, float]:
-    """Totals over the logged intervals after `warmup` steps (the runs log every step: train.log_every=1)."""
+    """Totals over the logged intervals after `warmup` steps (the runs log every step: train.run.log_every=1)."""
     kept = [s for s in steps if s["step"] > warmup]
     n = sum(s.get("steps", 1) for s in kept)
     step_s = sum(s["step_s"] for s in kept)
@@ -67,18 +67,23 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     rows = open_rows(cfg)
     rows.load_replies()
     plan = plan_epoch(
-        rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
+        rows.shard_sizes,
+        rows.lengths(),
+        seed=tc.schedule.seed,
+        epoch=0,
+        window=tc.schedule.shuffle_window,
+        budget=tc.schedule.step_tokens,
     )
     model = build_drafter(target, tc, None)
-    install_row_anchors(model, tc.max_anchors)
+    install_row_anchors(model, tc.objective.max_anchors)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, tc.lr, tc.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.warmup_ratio))
-    cache = StateCache(Storage(tc.cache, {}), cfg.serve.model, list(target.layer_ids))
+    optimizer = make_optimizer(params, tc.optim.lr, tc.optim.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.optim.warmup_ratio))
+    cache = StateCache(Storage(tc.states.cache, {}), cfg.serve.model, list(target.layer_ids))
     autocast, dtype = precision(torch.device("cpu"))
     kwargs = step_kwargs(tc)
     packs = [[rows.row(int(i)) for i in plan.packs[s]] for s in range(steps)]
-    torch.manual_seed(tc.seed * 1_000_003)
+    torch.manual_seed(tc.schedule.seed * 1_000_003)
     out = []
     tick = time.perf_counter()
     for step, (pack, states) in enumerate(
@@ -86,9 +91,19 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     ):
         waited = time.perf_counter() - tick
         batch = drafter_inputs(pack_host(pack, states, pin=False), dtype)
-        anchors = anchor_count([r.loss_mask for r in pack], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
+        anchors = anchor_count(
+            [r.loss_mask for r in pack], tc.objective.max_anchors, tc.objective.max_pack_anchors, tc.drafter.block_size
+        )
         train_step(
-            model, params, optimizer, scheduler, batch, {**kwargs, "max_anchors": anchors}, tc.grad_clip, 1.0, autocast
+            model,
+            params,
+            optimizer,
+            scheduler,
+            batch,
+            {**kwargs, "max_anchors": anchors},
+            tc.optim.grad_clip,
+            1.0,
+            autocast,
         )
         out.append(
             {
@@ -112,10 +127,15 @@ def extraction_alone(cfg, handle, steps: int) -> float:
     rows = open_rows(cfg)
     rows.load_replies()
     plan = plan_epoch(
-        rows.shard_sizes, rows.lengths(), seed=tc.seed, epoch=0, window=tc.shuffle_window, budget=tc.step_tokens
+        rows.shard_sizes,
+        rows.lengths(),
+        seed=tc.schedule.seed,
+        epoch=0,
+        window=tc.schedule.shuffle_window,
+        budget=tc.schedule.step_tokens,
     )
     batches = [[rows.row(int(i)).input_ids.tolist() for i in plan.packs[s]] for s in range(steps)]
-    client = HiddenStateClient(handle, max_in_flight=tc.prefetch)
+    client = HiddenStateClient(handle, max_in_flight=tc.states.prefetch)
     list(client.stream(batches[:4]))  # warm-up
     start = time.perf_counter()
     for _ in client.stream(batches):
@@ -168,16 +188,16 @@ def main() -> None:
                 "data.max_length=512",
                 "serve.max_model_len=1024",
                 f"train.output={OUT}/run",
-                f"train.cache={OUT}/cache",
-                f"train.hidden_states={mode}",
-                "train.step_tokens=512",
-                "train.max_anchors=16",
-                "train.reply_max_tokens=16",
-                "train.num_workers=1",
-                f"train.max_steps={args.steps}",
-                "train.epochs=1",
-                "train.checkpoint_every=1000000",
-                "train.log_every=1",
+                f"train.states.cache={OUT}/cache",
+                f"train.states.mode={mode}",
+                "train.schedule.step_tokens=512",
+                "train.objective.max_anchors=16",
+                "train.replies.max_tokens=16",
+                "train.run.num_workers=1",
+                f"train.schedule.max_steps={args.steps}",
+                "train.schedule.epochs=1",
+                "train.run.checkpoint_every=1000000",
+                "train.run.log_every=1",
             ],
         )
 

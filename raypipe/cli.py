@@ -6,7 +6,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from raypipe.config import RaypipeConfig
 
 OVERRIDES_HELP = "key=value overrides of the recipe, e.g. data.output=/tmp/out data.max_length=4096"
 
@@ -25,6 +28,15 @@ def _connect_ray(args: argparse.Namespace) -> None:
         ray.init(logging_level="INFO" if args.verbose else "WARNING", runtime_env={"env_vars": env})
 
 
+def _config(args: argparse.Namespace) -> RaypipeConfig:
+    """The recipe with its overrides, validated, and checked once against this machine (raypipe.preflight): the
+    actors and workers that receive it validate it again, purely."""
+    from raypipe.config import load_config
+    from raypipe.preflight import preflight
+
+    return preflight(load_config(args.recipe, args.overrides))
+
+
 def _details(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     """A command's whole result document, with --verbose."""
     if args.verbose:
@@ -32,11 +44,10 @@ def _details(args: argparse.Namespace, doc: dict[str, Any]) -> None:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.data.pipeline import run_prepare
     from raypipe.data.sources import check_sources
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     check_sources(cfg.data.sources, cfg.data.storage_options)
     _connect_ray(args)
     manifest = run_prepare(cfg.data)  # prints its summary line
@@ -45,10 +56,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.serve.deployment import run_service
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     _connect_ray(args)
     print(
         f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states "
@@ -60,11 +70,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.pipeline import train_stage
     from raypipe.train.export import export_drafter
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     _connect_ray(args)
     m = train_stage(cfg)
     doc = export_drafter(cfg)
@@ -86,10 +95,9 @@ def _print_export(doc: dict[str, Any]) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.train.export import export_drafter
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     doc = export_drafter(cfg, args.output)
     _print_export(doc)
     _details(args, doc)
@@ -97,10 +105,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.eval.evaluate import run_evaluation
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     _connect_ray(args)
     doc = run_evaluation(cfg)
     for g in doc["vllm"]:
@@ -119,11 +126,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
-    from raypipe.config import load_config
     from raypipe.data.sources import check_sources
     from raypipe.pipeline import run_pipeline
 
-    cfg = load_config(args.recipe, args.overrides)
+    cfg = _config(args)
     check_sources(cfg.data.sources, cfg.data.storage_options)
     _connect_ray(args)
     done = run_pipeline(cfg)

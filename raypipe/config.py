@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 REDACTED = "<redacted>"
@@ -56,6 +57,22 @@ class _Strict(BaseModel):
         return redact(self.model_dump(**kwargs))
 
 
+CONTENT: dict[str, Any] = {"role": "content"}
+EXECUTION: dict[str, Any] = {"role": "execution"}
+
+
+def role(field: FieldInfo) -> str | None:
+    """A field's role: `content` (changes what a stage produces: in its fingerprints and resume checks) or
+    `execution` (how it runs: parallelism, resources, places, intervals; may change on a resume)."""
+    extra = field.json_schema_extra
+    return extra.get("role") if isinstance(extra, dict) else None
+
+
+def content_dump(model: BaseModel) -> dict[str, Any]:
+    """The model's content fields, dumped: what its fingerprints cover."""
+    return model.model_dump(include={name for name, f in type(model).model_fields.items() if role(f) == "content"})
+
+
 class SourceConfig(_Strict):
     """One input dataset: a path or glob on any fsspec filesystem."""
 
@@ -79,63 +96,77 @@ class SourceConfig(_Strict):
 class DataConfig(_Strict):
     """Stage 1: raw conversations to token rows with assistant masks."""
 
-    sources: list[SourceConfig] = Field(min_length=1, description="Input datasets.")
-    output: str = Field(description="Output directory (local or URL) for shards, manifest.json and rejects/.")
+    sources: list[SourceConfig] = Field(json_schema_extra=CONTENT, min_length=1, description="Input datasets.")
+    output: str = Field(
+        json_schema_extra=EXECUTION,
+        description="Output directory (local or URL) for shards, manifest.json and rejects/.",
+    )
     storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3."
+        json_schema_extra=EXECUTION,
+        default_factory=dict,
+        description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3.",
     )
     tokenizer: str = Field(
+        json_schema_extra=CONTENT,
         description="`builtin:qwen` (Qwen vocabulary built locally), `builtin:demo` (the demo target's) or a path / "
-        "Hugging Face id."
+        "Hugging Face id.",
     )
     chat_template: str | None = Field(
+        json_schema_extra=CONTENT,
         default=None,
         description="Builtin template name (qwen_strict, generation_markers, chatml) or a .jinja path; default: the "
         "tokenizer's own.",
     )
     enable_thinking: bool = Field(
+        json_schema_extra=CONTENT,
         default=False,
         description="Passed to the template; with false the generation prompt ends in an empty think block.",
     )
     end_of_turn: str | None = Field(
+        json_schema_extra=CONTENT,
         default=None,
         description="The special token that ends an assistant turn (supervised, and where replies stop); default: "
         "probed from the template, never the tokenizer's eos.",
     )
     placeholder_reply: str = Field(
-        default="OK.", min_length=1, description="Text of the injected placeholder reply; never trained on."
+        json_schema_extra=CONTENT,
+        default="OK.",
+        min_length=1,
+        description="Text of the injected placeholder reply; never trained on.",
     )
-    max_length: int = Field(default=3072, gt=0, description="Maximum tokens per row.")
+    max_length: int = Field(json_schema_extra=CONTENT, default=3072, gt=0, description="Maximum tokens per row.")
     overlength: Literal["truncate", "reject"] = Field(
-        default="truncate", description="Rows over max_length: keep the first max_length tokens, or reject the row."
+        json_schema_extra=CONTENT,
+        default="truncate",
+        description="Rows over max_length: keep the first max_length tokens, or reject the row.",
     )
     max_row_bytes: int = Field(
-        default=8 << 20, gt=0, description="Raw input rows larger than this are rejected unparsed."
+        json_schema_extra=CONTENT,
+        default=8 << 20,
+        gt=0,
+        description="Raw input rows larger than this are rejected unparsed.",
     )
     chunk_bytes: int = Field(
+        json_schema_extra=CONTENT,
         default=16 << 20,
         gt=0,
         description="Most input bytes per output shard (JSONL, gzip by decompressed bytes, Parquet by row groups, "
         "never cut): large files are cut into shards, small files of one source share one; a smaller input is cut "
         "finer, so that each actor has 4 shards (at least 256 KiB each).",
     )
-    batch_rows: int = Field(default=1024, gt=0, description="Rows per batched tokenizer call.")
-    num_actors: int = Field(default=2, gt=0, description="CPU actors that prepare shards in parallel.")
-    cpus_per_actor: float = Field(default=1.0, gt=0, description="Logical CPUs reserved per actor.")
-
-    @field_validator("chat_template")
-    @classmethod
-    def _template_exists(cls, value: str | None) -> str | None:
-        from raypipe.assets.templates import TEMPLATE_NAMES
-
-        if value is None or value in TEMPLATE_NAMES or Path(value).is_file():
-            return value
-        raise ValueError(f"must be one of {', '.join(TEMPLATE_NAMES)} or an existing .jinja file, got {value!r}")
+    batch_rows: int = Field(
+        json_schema_extra=EXECUTION, default=1024, gt=0, description="Rows per batched tokenizer call."
+    )
+    num_actors: int = Field(
+        json_schema_extra=EXECUTION, default=2, gt=0, description="CPU actors that prepare shards in parallel."
+    )
+    cpus_per_actor: float = Field(
+        json_schema_extra=EXECUTION, default=1.0, gt=0, description="Logical CPUs reserved per actor."
+    )
 
     def output_hash(self) -> str:
-        """Hash of every field that changes the prepared rows (not parallelism)."""
-        fields = self.model_dump(exclude={"output", "storage_options", "batch_rows", "num_actors", "cpus_per_actor"})
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+        """Hash of the content fields (what changes the prepared rows; not where they go or the parallelism)."""
+        return hashlib.sha256(json.dumps(content_dump(self), sort_keys=True).encode()).hexdigest()[:16]
 
 
 class ServeConfig(_Strict):
@@ -220,19 +251,29 @@ class ServeConfig(_Strict):
         return self
 
 
-class TrainConfig(_Strict):
-    """Stage 3: the DFlash drafter trained on Ray Train workers, fed by the service (defaults: the DFlash paper)."""
+class DrafterConfig(_Strict):
+    """The DFlash drafter's shape (its width, heads and rope come from the target)."""
 
-    output: str = Field(
-        description="Run directory (local or URL, s3:// included): checkpoints, replies, ledger, export."
-    )
-    storage_options: dict[str, Any] = Field(
-        default_factory=dict, description="fsspec options for an output URL, as data.storage_options."
-    )
     draft_layers: int = Field(default=5, gt=0, description="Decoder layers of the drafter.")
     block_size: int = Field(
         default=16, ge=2, description="Tokens per draft block (the drafter proposes block_size - 1)."
     )
+    mask_token_id: int | None = Field(
+        default=None,
+        description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the "
+        "target's vocabulary.",
+    )
+    draft_vocab_size: int | None = Field(
+        default=None,
+        gt=0,
+        description="Draft vocabulary: the drafter's LM head keeps this many of the target's tokens, the most "
+        "frequent supervised ones of the run (raypipe.train.vocab); default: the target's whole vocabulary.",
+    )
+
+
+class ObjectiveConfig(_Strict):
+    """What each step learns: the loss over the draft positions of random anchors."""
+
     loss: str | dict[str, float] = Field(
         default="ce",
         description="Loss of each drafted position against the target's: a name (" + ", ".join(LOSSES) + ") or a "
@@ -259,17 +300,41 @@ class TrainConfig(_Strict):
         description="Cap on the anchors of one packed sequence (memory: the step holds anchors x block_size x "
         "vocabulary logits, twice); above it the pack's anchors are a uniform sample of its rows'.",
     )
-    mask_token_id: int | None = Field(
-        default=None,
-        description="Mask token of the draft blocks; default: the tokenizer's, else the first unused id of the "
-        "target's vocabulary.",
+
+    @field_validator("loss")
+    @classmethod
+    def _known_losses(cls, value: str | dict[str, float]) -> str | dict[str, float]:
+        names = [value] if isinstance(value, str) else list(value)
+        unknown = [n for n in names if n not in LOSSES]
+        if unknown or not names:
+            raise ValueError(f"unknown loss {unknown or value!r}: give one of {', '.join(LOSSES)} or a mix of them")
+        return value
+
+    @model_validator(mode="after")
+    def _dpace_needs_ce(self) -> ObjectiveConfig:
+        if self.position_weighting == "dpace" and self.loss != "ce":
+            raise ValueError(
+                f"train.objective.position_weighting=dpace weighs positions by the drafter's confidence, read from "
+                f"the cross-entropy: it needs train.objective.loss=ce (got {self.loss!r}); or set "
+                "train.objective.position_weighting=exp_decay"
+            )
+        return self
+
+
+class OptimConfig(_Strict):
+    """AdamW and its schedule: linear warm-up, then cosine to zero."""
+
+    lr: float = Field(default=6e-4, gt=0, description="Peak AdamW learning rate.")
+    warmup_ratio: float = Field(
+        default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay."
     )
-    draft_vocab_size: int | None = Field(
-        default=None,
-        gt=0,
-        description="Draft vocabulary: the drafter's LM head keeps this many of the target's tokens, the most "
-        "frequent supervised ones of the run (raypipe.train.vocab); default: the target's whole vocabulary.",
-    )
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
+
+
+class ScheduleConfig(_Strict):
+    """Which rows each step trains on, in which order, for how long."""
+
     epochs: int = Field(default=6, gt=0, description="Passes over the prepared data.")
     max_steps: int | None = Field(
         default=None,
@@ -280,20 +345,22 @@ class TrainConfig(_Strict):
     shuffle_window: int = Field(
         default=4, gt=0, description="Prepared shards whose rows are shuffled together (a window is read at a time)."
     )
-    lr: float = Field(default=6e-4, gt=0, description="Peak AdamW learning rate.")
-    warmup_ratio: float = Field(
-        default=0.04, ge=0, lt=1, description="Share of the steps spent warming up linearly before the cosine decay."
-    )
-    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
-    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clip.")
-    max_nonfinite_steps: int = Field(
-        default=8,
-        gt=0,
-        description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops "
-        "(checked at each log).",
-    )
     seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
-    hidden_states: Literal["online", "offline", "hybrid"] = Field(
+
+
+class RepliesConfig(_Strict):
+    """The target's own replies to needs_response rows, generated before training (the reply pass)."""
+
+    temperature: float = Field(
+        default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows."
+    )
+    max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
+
+
+class StatesConfig(_Strict):
+    """Where the target's hidden states come from; any source gives the same states."""
+
+    mode: Literal["online", "offline", "hybrid"] = Field(
         default="online",
         description="From the service (nothing stored), from the cache only, or cache hit else the service.",
     )
@@ -304,19 +371,11 @@ class TrainConfig(_Strict):
     prefetch: int = Field(
         default=4, gt=0, description="Steps whose hidden states are requested ahead of the step that needs them."
     )
-    reply_temperature: float = Field(
-        default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows."
-    )
-    reply_max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
-    reply_max_sequences: int = Field(
-        default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching)."
-    )
-    reply_timeout_s: float = Field(
-        default=3600.0,
-        gt=0,
-        description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass "
-        "fails naming it.",
-    )
+
+
+class RunConfig(_Strict):
+    """How the run executes: workers, resources, parallelism, intervals and fault limits."""
+
     num_workers: int = Field(default=8, gt=0, description="Ray Train workers (one GPU each on GPU).")
     use_gpu: bool = Field(default=True, description="Train on GPUs (NCCL, bf16 autocast) or on CPUs (gloo, fp32).")
     cpus_per_worker: float = Field(
@@ -338,6 +397,15 @@ class TrainConfig(_Strict):
     attention: Literal["auto", "sdpa", "eager", "simple_flex_attention"] = Field(
         default="auto",
         description="Drafter attention; auto: flex attention on GPU, sdpa on CPU (flex has no CPU backward).",
+    )
+    reply_max_sequences: int = Field(
+        default=256, gt=0, description="Sequences one engine of the reply pass generates at once (continuous batching)."
+    )
+    reply_timeout_s: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Longest an engine of the reply pass may take to start, or to reply to one shard, before the pass "
+        "fails naming it.",
     )
     log_every: int = Field(
         default=10,
@@ -364,31 +432,51 @@ class TrainConfig(_Strict):
     max_failures: int = Field(
         default=3, ge=0, description="Worker-group restarts from the last checkpoint before the run fails."
     )
+    max_nonfinite_steps: int = Field(
+        default=8,
+        gt=0,
+        description="Consecutive steps skipped for a NaN or Inf loss or gradient norm after which the run stops "
+        "(checked at each log).",
+    )
 
-    @field_validator("loss")
-    @classmethod
-    def _known_losses(cls, value: str | dict[str, float]) -> str | dict[str, float]:
-        names = [value] if isinstance(value, str) else list(value)
-        unknown = [n for n in names if n not in LOSSES]
-        if unknown or not names:
-            raise ValueError(f"unknown loss {unknown or value!r}: give one of {', '.join(LOSSES)} or a mix of them")
-        return value
 
-    @model_validator(mode="after")
-    def _dpace_needs_ce(self) -> TrainConfig:
-        if self.position_weighting == "dpace" and self.loss != "ce":
-            raise ValueError(
-                f"train.position_weighting=dpace weighs positions by the drafter's confidence, read from the "
-                f"cross-entropy: it needs train.loss=ce (got {self.loss!r}); or set train.position_weighting=exp_decay"
-            )
-        return self
+class TrainConfig(_Strict):
+    """Stage 3: the DFlash drafter trained on Ray Train workers, fed by the service (defaults: the DFlash paper).
 
-    @model_validator(mode="after")
-    def _trackers_can_start(self) -> TrainConfig:
-        from raypipe.train.trackers import check_trackers
+    Its sections are content (what it trains: in the fingerprints and the resume check) or execution (how the run
+    executes: may change on a resume), by their `role`."""
 
-        check_trackers(self.trackers, self.output)
-        return self
+    output: str = Field(
+        json_schema_extra=EXECUTION,
+        description="Run directory (local or URL, s3:// included): checkpoints, replies, ledger, export.",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        json_schema_extra=EXECUTION,
+        description="fsspec options for an output URL, as data.storage_options.",
+    )
+    drafter: DrafterConfig = Field(default_factory=DrafterConfig, json_schema_extra=CONTENT)
+    objective: ObjectiveConfig = Field(default_factory=ObjectiveConfig, json_schema_extra=CONTENT)
+    optim: OptimConfig = Field(default_factory=OptimConfig, json_schema_extra=CONTENT)
+    schedule: ScheduleConfig = Field(default_factory=ScheduleConfig, json_schema_extra=CONTENT)
+    replies: RepliesConfig = Field(default_factory=RepliesConfig, json_schema_extra=CONTENT)
+    states: StatesConfig = Field(default_factory=StatesConfig, json_schema_extra=EXECUTION)
+    run: RunConfig = Field(default_factory=RunConfig, json_schema_extra=EXECUTION)
+
+    def trained_settings(self) -> dict[str, Any]:
+        """The content sections as dotted keys (train.drafter.block_size, ...): what a checkpoint is the state of."""
+        return trained_settings(self.model_dump())
+
+
+def trained_settings(train: dict[str, Any]) -> dict[str, Any]:
+    """`trained_settings` of a dumped train config (a checkpoint's saved config.json): the content fields by
+    dotted key."""
+    return {
+        f"train.{section}.{key}": value
+        for section, field in TrainConfig.model_fields.items()
+        if role(field) == "content"
+        for key, value in train.get(section, {}).items()
+    }
 
 
 class EvalConfig(_Strict):
@@ -451,10 +539,10 @@ class RaypipeConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> RaypipeConfig:
-        if self.data.max_length > self.train.step_tokens:
+        if self.data.max_length > self.train.schedule.step_tokens:
             raise ValueError(
-                f"train.step_tokens ({self.train.step_tokens}) must hold the longest row, data.max_length "
-                f"({self.data.max_length})"
+                f"train.schedule.step_tokens ({self.train.schedule.step_tokens}) must hold the longest row, "
+                f"data.max_length ({self.data.max_length})"
             )
         if self.data.max_length >= self.serve.max_model_len:
             raise ValueError(
@@ -464,8 +552,8 @@ class RaypipeConfig(_Strict):
                 f"serve.max_model_len={self.data.max_length + 1} or more (the shipped recipes give it "
                 "data.max_length + 1024, room for the evaluation's replies too)"
             )
-        if self.train.hidden_states != "online" and not self.train.cache:
-            raise ValueError(f"train.cache: give a cache URL for hidden_states={self.train.hidden_states}")
+        if self.train.states.mode != "online" and not self.train.states.cache:
+            raise ValueError(f"train.states.cache: give a cache URL for train.states.mode={self.train.states.mode}")
         return self
 
 

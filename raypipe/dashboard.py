@@ -160,7 +160,7 @@ PANELS = (
         "steps",
         f"sum(ray_raypipe_train_nonfinite_steps_total{{{RUN}}}) by (run)",
         "{{run}}",
-        "Steps skipped for a NaN/Inf loss or gradient norm (train.max_nonfinite_steps in a row stop the run).",
+        "Steps skipped for a NaN/Inf loss or gradient norm (train.run.max_nonfinite_steps in a row stop the run).",
     ),
     Panel("train", "Learning rate", "", f"ray_raypipe_train_lr{{{RUN}}}", "{{run}}", "Warm-up then cosine."),
     Panel(

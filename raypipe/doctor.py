@@ -7,7 +7,8 @@ and the service's state files live; the ports of a local head and of the
 service, free or held by Ray; the token-auth mode a client needs for the head
 running here (Ray 2.60 starts heads with token auth, and a client sends
 ~/.ray/auth_token only with RAY_AUTH_MODE=token); and the recipe's outputs
-reachable. The exit status is 1 when a check fails.
+reachable; and what the config names on this machine (raypipe.preflight). The exit status is 1 when a check
+fails.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import psutil
 
 from raypipe.config import RaypipeConfig, load_config
 from raypipe.node_memory import GIB, engine_fit, engine_node, engine_weights, numa_nodes
+from raypipe.preflight import problems
 from raypipe.storage import Storage, is_url
 from raypipe.target import BUILTIN_TARGETS
 
@@ -197,7 +199,17 @@ def checks(cfg: RaypipeConfig) -> list[Check]:
         _auth(),
         _storage("data.output", cfg.data.output, cfg.data.storage_options),
         _storage("train.output", cfg.train.output, cfg.train.storage_options),
+        _preflight(cfg),
     ]
+
+
+def _preflight(cfg: RaypipeConfig) -> Check:
+    """What the config names on this machine (raypipe.preflight): its template file, the trackers' packages and
+    variables."""
+    found = problems(cfg)
+    if found:
+        return Check("config here", False, "; ".join(found), "fix the settings named, or install what they need")
+    return Check("config here", True, "the template and the trackers the config names are available")
 
 
 def table(found: list[Check]) -> str:

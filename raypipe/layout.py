@@ -3,16 +3,18 @@
     {train.output}/
       pipeline/{stage}.json  completion records of the one-job pipeline (raypipe.pipeline)
       replies/               on-policy replies of needs_response rows (raypipe.train.replies)
-      vocab/                 the draft vocabulary's mapping, with train.draft_vocab_size (raypipe.train.vocab)
+      vocab/                 the draft vocabulary's mapping, with train.drafter.draft_vocab_size
+                             (raypipe.train.vocab)
       ray_train/{name}/      Ray Train's run: its state and checkpoints (raypipe.train.launcher)
       ledger/{name}/         what each rank trained, and the training curve (raypipe.train.ledger)
-      tensorboard/{name}/    TensorBoard's event files, with `train.trackers: [tensorboard]` (raypipe.train.trackers)
+      tensorboard/{name}/    TensorBoard's event files, with `train.run.trackers: [tensorboard]`
+                             (raypipe.train.trackers)
       mlflow/, wandb/        MLflow's file store and W&B's offline runs, when their trackers write locally
       drafter/               the exported drafter (raypipe.train.export)
       eval/                  eval.json and plots, unless `eval.output` is set (raypipe.eval.evaluate)
 
 The prepared data (`data.output`, raypipe.data.output) and the state cache
-(`train.cache`, raypipe.train.states) have settings of their own. A local
+(`train.states.cache`, raypipe.train.states) have settings of their own. A local
 `train.output` is made absolute: Ray Train runs each worker in its own
 working directory.
 """

@@ -103,7 +103,7 @@ def train_stage(cfg: RaypipeConfig) -> dict[str, Any]:
 
     replies = run_replies(cfg)  # before the service: the reply engines take the Serve GPUs, the training GPUs stay free
     started, canary = False, None
-    if cfg.train.hidden_states != "offline":
+    if cfg.train.states.mode != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
         started = handle is None
         print(f"[train] {'starting' if started else 'attached to'} the hidden-state service", flush=True)

@@ -96,11 +96,11 @@ def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Si
     serve = params * 2 // tp + cfg.serve.max_batch_tokens * per_token + cfg.serve.max_sequences * per_sequence
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
-    shards = cfg.train.num_workers if cfg.train.strategy == "fsdp2" else 1
+    shards = cfg.train.run.num_workers if cfg.train.run.strategy == "fsdp2" else 1
     static = (trainable * 16 + frozen * 2) // shards
-    states = cfg.train.step_tokens * target.shape.state_bytes_per_token(len(target.layer_ids))
-    draft_vocab = cfg.train.draft_vocab_size or target.shape.vocab_size
-    logits = cfg.train.max_pack_anchors * cfg.train.block_size * draft_vocab * 8
+    states = cfg.train.schedule.step_tokens * target.shape.state_bytes_per_token(len(target.layer_ids))
+    draft_vocab = cfg.train.drafter.draft_vocab_size or target.shape.vocab_size
+    logits = cfg.train.objective.max_pack_anchors * cfg.train.drafter.block_size * draft_vocab * 8
     return Sizing(
         state_bytes_per_token=target.shape.state_bytes_per_token(len(target.layer_ids)),
         target_parameters=params,

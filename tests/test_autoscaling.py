@@ -97,11 +97,11 @@ def test_prepare_and_train_scale_the_node_types_up_and_back_down(
         "serve.target_ongoing_requests=1",
         "serve.upscale_delay_s=2",
         f"train.output={out}/train",
-        "train.resource=train_gpu",
-        "train.epochs=2",
-        "train.draft_layers=1",  # CI's time: the scaling is under test, not the drafter
-        "train.hidden_states=online",
-        "train.cache=null",
+        "train.run.resource=train_gpu",
+        "train.schedule.epochs=2",
+        "train.drafter.draft_layers=1",  # CI's time: the scaling is under test, not the drafter
+        "train.states.mode=online",
+        "train.states.cache=null",
         f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
     ]
     assert fake_cluster.node_types_alive() == []  # head only

@@ -60,9 +60,9 @@ def test_node_types_fit_the_recipes(layout: str) -> None:
     for recipe in ("qwen3_8b", "qwen36_27b"):
         cfg = load_config(recipe)
         serve_units = sum(t["resources"].get(cfg.serve.resource, 0) * t.get("max_workers", 0) for t in types.values())
-        train_units = [t["resources"].get(cfg.train.resource, 0) for t in types.values()]
+        train_units = [t["resources"].get(cfg.train.run.resource, 0) for t in types.values()]
         assert serve_units >= cfg.serve.max_replicas * cfg.serve.num_gpus, (layout, recipe)
-        assert max(train_units) >= cfg.train.num_workers, (
+        assert max(train_units) >= cfg.train.run.num_workers, (
             layout,
             recipe,
         )  # the placement group fits on one node (PACK)

@@ -1,6 +1,11 @@
+from pathlib import Path
+
 import pytest
 
-from raypipe.config import RECIPES_DIR, load_config, parse_overrides
+from raypipe.config import RECIPES_DIR, DataConfig, TrainConfig, load_config, parse_overrides, role
+from raypipe.preflight import preflight, problems
+
+ROLES = ("content", "execution")
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")))
@@ -17,8 +22,8 @@ def test_a_full_length_row_needs_room_for_one_generated_token():
         match=r"serve.max_model_len \(256\) must exceed data.max_length \(256\).*"
         r"Set serve.max_model_len=257 or more",
     ):
-        load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=256", "train.step_tokens=256"])
-    cfg = load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=257", "train.step_tokens=256"])
+        load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=256", "train.schedule.step_tokens=256"])
+    cfg = load_config("debug_cpu", ["data.max_length=256", "serve.max_model_len=257", "train.schedule.step_tokens=256"])
     assert cfg.serve.max_model_len == cfg.data.max_length + 1
 
 
@@ -38,11 +43,48 @@ def test_invalid_values_name_the_field_and_what_is_allowed():
     assert "data.maxlen" in text and "Extra inputs are not permitted" in text
 
 
-def test_unknown_template_and_recipe_are_explained():
+def test_unknown_template_and_recipe_are_explained(tmp_path):
+    cfg = load_config("debug_cpu", ["data.chat_template=llama9"])  # the config is pure: no file is looked for here
     with pytest.raises(ValueError, match="data.chat_template.*qwen_strict, generation_markers, chatml"):
-        load_config("debug_cpu", ["data.chat_template=llama9"])
+        preflight(cfg)  # the driver's check, once
+    template = tmp_path / "mine.jinja"
+    template.write_text("{{ messages }}")
+    assert problems(load_config("debug_cpu", [f"data.chat_template={template}"])) == []
     with pytest.raises(ValueError, match="unknown recipe 'nope'.*debug_cpu"):
         load_config("nope")
+
+
+def test_every_field_of_the_stage_configs_that_fingerprints_read_is_classified():
+    """Fingerprints, the resume check and output_hash come from each field's role: a new field without one fails
+    here instead of silently counting as content (a resume refused) or as execution (a changed run resumed)."""
+    for model in (DataConfig, TrainConfig):
+        unclassified = [name for name, field in model.model_fields.items() if role(field) not in ROLES]
+        assert not unclassified, f"{model.__name__}: give {unclassified} json_schema_extra=CONTENT or EXECUTION"
+    trained = load_config("demo").train.trained_settings()
+    assert trained["train.drafter.block_size"] == 4 and trained["train.optim.lr"] == 3e-3
+    assert not any(k.startswith(("train.run.", "train.states.", "train.output")) for k in trained)
+
+
+def test_a_resume_may_change_how_the_run_executes_but_not_what_it_trains():
+    base = load_config("demo").train.trained_settings()
+    moved = load_config("demo", ["train.run.num_workers=4", "train.states.mode=online", "train.output=/elsewhere"])
+    assert moved.train.trained_settings() == base
+    assert load_config("demo", ["train.optim.lr=1e-3"]).train.trained_settings() != base
+
+
+def test_the_config_module_imports_no_component():
+    """config.py is the base of every stage: it imports nothing of raypipe (the import circle config -> trackers ->
+    layout -> config is gone) and reads no environment."""
+    import ast
+
+    import raypipe.config
+
+    tree = ast.parse(Path(raypipe.config.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+    }
+    assert not [m for m in imported if m and m.startswith("raypipe")], imported
+    assert "os" not in imported and "environ" not in Path(raypipe.config.__file__).read_text()
 
 
 def test_bad_override_syntax():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["ray", "vllm", "torch", "memory node 0", "engines fit", "/dev/shm", "port 6379", "port 8265", "port 8000"]
-ROWS += ["token auth", "storage data.output", "storage train.output"]  # then "memory node 1"... on NUMA machines
+ROWS += ["token auth", "storage data.output", "storage train.output", "config here"]  # "memory node 1"... on NUMA
 
 
 def doctor(*overrides: str) -> tuple[int, dict[str, tuple[str, str]], str]:
@@ -53,3 +53,13 @@ def test_unreachable_storage_fails_and_names_the_fix(tmp_path):
         "fix: set data.output to a place this machine can write (and its storage_options for a URL)",
     ), out
     assert rows["storage train.output"][0] == "PASS", out
+
+
+def test_what_the_config_names_on_this_machine_is_checked_here(tmp_path):
+    """The config is pure (a template path is not looked for when it is validated): the doctor shows what the
+    preflight of every command would refuse."""
+    status, rows, out = doctor(
+        f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", f"data.chat_template={tmp_path}/no.jinja"
+    )
+    assert status == 1 and rows["config here"][0] == "FAIL", out
+    assert "data.chat_template: must be one of" in out and str(tmp_path / "no.jinja") in out, out

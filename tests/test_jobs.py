@@ -120,10 +120,10 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         "demo",
         f"data.output={out}/prepared",
         f"train.output={out}/train",
-        f"train.cache={out}/cache",
+        f"train.states.cache={out}/cache",
         f"serve.http_port={free_port()}",  # the session's Ray cluster may hold Serve's default port
-        "train.epochs=2",  # CI's time; the recipe's 6 epochs and 3 layers are measured in BENCHMARKS.md
-        "train.draft_layers=1",
+        "train.schedule.epochs=2",  # CI's time; the recipe's 6 epochs and 3 layers are measured in BENCHMARKS.md
+        "train.drafter.draft_layers=1",
         "eval.concurrency=[1,4]",
         "eval.latency_prompts=8",
     ]

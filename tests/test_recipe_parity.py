@@ -42,10 +42,10 @@ LENGTHS = (
     "data.max_length",
     "serve.max_model_len",
     "serve.max_batch_tokens",
-    "train.step_tokens",
-    "train.max_anchors",
-    "train.max_pack_anchors",
-    "train.reply_max_tokens",
+    "train.schedule.step_tokens",
+    "train.objective.max_anchors",
+    "train.objective.max_pack_anchors",
+    "train.replies.max_tokens",
     "eval.max_tokens",
 )
 # The target, by the production model's architecture family: the built-in random target of that family, whose own
@@ -64,17 +64,17 @@ THIS_MACHINE = {
     "serve.resource": None,
     "serve.min_replicas": 1,
     "serve.max_replicas": 1,
-    "train.num_workers": 2,
-    "train.use_gpu": False,
-    "train.cpus_per_worker": 0.25,
-    "train.resource": None,
+    "train.run.num_workers": 2,
+    "train.run.use_gpu": False,
+    "train.run.cpus_per_worker": 0.25,
+    "train.run.resource": None,
 }
 # How much is run: a few steps across a checkpoint, a few held-out prompts, no latency sweep (the demo job's test
 # runs it: two more OpenAI servers).
 RUN_LENGTH = {
-    "train.max_steps": 4,
-    "train.checkpoint_every": 2,
-    "train.log_every": 2,
+    "train.schedule.max_steps": 4,
+    "train.run.checkpoint_every": 2,
+    "train.run.log_every": 2,
     "eval.num_prompts": 8,
     "eval.concurrency": [],
     "serve.http_port": None,  # a free port, drawn per run
@@ -142,14 +142,19 @@ def test_the_rule_keeps_every_other_setting_and_every_relation_between_lengths()
         scaled = _flat(cfg.model_dump())
         kept = {k for k in production if not any(k == c or k.startswith(c + ".") for c in changed)}
         assert {k: scaled[k] for k in kept} == {k: production[k] for k in kept}
-        assert {"train.block_size", "train.draft_layers", "train.loss", "train.position_weighting"} <= kept
-        assert {"train.hidden_states", "train.strategy", "data.enable_thinking", "data.chat_template"} <= kept
-        assert "train.draft_vocab_size" in kept and "train.epochs" in kept and "serve.dtype" in kept
+        assert {
+            "train.drafter.block_size",
+            "train.drafter.draft_layers",
+            "train.objective.loss",
+            "train.objective.position_weighting",
+        } <= kept
+        assert {"train.states.mode", "train.run.strategy", "data.enable_thinking", "data.chat_template"} <= kept
+        assert "train.drafter.draft_vocab_size" in kept and "train.schedule.epochs" in kept and "serve.dtype" in kept
         for a in LENGTHS:
             for b in LENGTHS:
                 assert (production[a] > production[b]) == (scaled[a] > scaled[b]), (a, b)
                 assert (production[a] == production[b]) == (scaled[a] == scaled[b]), (a, b)
-        assert cfg.data.max_length < cfg.serve.max_model_len and cfg.data.max_length <= cfg.train.step_tokens
+        assert cfg.data.max_length < cfg.serve.max_model_len and cfg.data.max_length <= cfg.train.schedule.step_tokens
 
 
 FAMILY_RECIPES = ("qwen3_8b", "qwen36_27b")
@@ -239,8 +244,8 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     drafter = RunFolders.of(cfg).export
     config = drafter.read_json("config.json")
     vocab = TARGET_VOCAB[cfg.serve.model]
-    assert config["block_size"] == cfg.train.block_size and config["draft_vocab_size"] == vocab
-    assert config["transformer_layer_config"]["num_hidden_layers"] == cfg.train.draft_layers
+    assert config["block_size"] == cfg.train.drafter.block_size and config["draft_vocab_size"] == vocab
+    assert config["transformer_layer_config"]["num_hidden_layers"] == cfg.train.drafter.draft_layers
     assert not any(k.startswith("mrope") for k in config["transformer_layer_config"]["rope_parameters"])
     weights = safetensors_shapes(drafter.read("model.safetensors"))
     assert "lm_head.weight" not in weights and "d2t" not in weights, "a full-vocabulary drafter uses the target's head"
@@ -252,5 +257,5 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     assert done["eval"]["tau"] == doc["tau"] and doc["tau_method"] == "vllm", doc["vllm_refused_drafter"]
     assert [g["temperature"] for g in doc["vllm"]] == cfg.eval.temperatures
     [greedy] = [g for g in doc["vllm"] if g["temperature"] == 0.0]
-    assert greedy["drafts"] > 0 and greedy["draft_tokens"] == (cfg.train.block_size - 1) * greedy["drafts"]
+    assert greedy["drafts"] > 0 and greedy["draft_tokens"] == (cfg.train.drafter.block_size - 1) * greedy["drafts"]
     assert doc["offline_replay"]["steps"] == greedy["drafts"]

@@ -53,7 +53,7 @@ def drafter_parameters(
 def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
     model_id, layers, hidden, vocab, layer_ids, (heads, head_dim), state_bytes = SHAPES[recipe]
     directory = write_config_dir(model_id, tmp_path)
-    cfg = load_config(recipe, [f"serve.model={directory}", "train.mask_token_id=151669"])
+    cfg = load_config(recipe, [f"serve.model={directory}", "train.drafter.mask_token_id=151669"])
     config = AutoConfig.from_pretrained(directory)
 
     # The target as every stage reads it: dimensions from the text config, default DFlash layers.
@@ -93,7 +93,7 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
         text.num_key_value_heads,
         head_dim,
         text.intermediate_size,
-        cfg.train.draft_layers,
+        cfg.train.drafter.draft_layers,
         len(layer_ids) - 1,
     )
     sizing = size_run(cfg, target, drafter)
@@ -108,7 +108,7 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
     for layout, cluster in LAYOUTS.items():
         types = cluster["available_node_types"].values()
         [serve_node] = [t for t in types if cfg.serve.resource in t["resources"]]
-        [train_node] = [t for t in types if cfg.train.resource in t["resources"]]
+        [train_node] = [t for t in types if cfg.train.run.resource in t["resources"]]
         serve_gpu, train_gpu = (
             GPU_BYTES[serve_node["node_config"]["InstanceType"]],
             GPU_BYTES[train_node["node_config"]["InstanceType"]],

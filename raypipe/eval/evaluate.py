@@ -94,7 +94,7 @@ def _generate(
         runs = generate_in_vllm(
             engine_args(target, cfg.serve),
             path,
-            cfg.train.block_size - 1,
+            cfg.train.drafter.block_size - 1,
             prompts,
             temperatures,
             max_tokens=cfg.eval.max_tokens,
@@ -116,7 +116,7 @@ def _latency(config: dict[str, Any], drafter: str | None, prompts: list[list[int
             speculative = {
                 "method": "dflash",
                 "model": _local_copy(_export(cfg), tmp),
-                "num_speculative_tokens": cfg.train.block_size - 1,
+                "num_speculative_tokens": cfg.train.drafter.block_size - 1,
             }
         return sweep(
             engine_args(resolve_target(cfg.serve), cfg.serve),
@@ -150,7 +150,8 @@ def _offline(
     if vocab is None:
         return replays, None
     # The same drafter's step with the target's whole head (untrained: only its cost is read), on the first replies.
-    full = build_drafter(target, cfg.train.model_copy(update={"draft_vocab_size": None}), None).eval().to(device)
+    whole_head = cfg.train.drafter.model_copy(update={"draft_vocab_size": None})
+    full = build_drafter(target, cfg.train.model_copy(update={"drafter": whole_head}), None).eval().to(device)
     pairs = list(zip(prompts, replies[min(replies)], strict=True))[:8]
     inputs = [(p + r, engine.extract([p + r])[0], len(p)) for p, r in pairs]
     seconds = step_seconds({"draft_vocab": drafter, "full_vocab": full}, inputs)
@@ -281,7 +282,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             "categories": {name: len(positions) for name, positions in groups.items()} if groups else None,
             "max_tokens": cfg.eval.max_tokens,
         },
-        "num_speculative_tokens": cfg.train.block_size - 1,
+        "num_speculative_tokens": cfg.train.drafter.block_size - 1,
         "vllm_cpu_fixes": fixes,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
         "latency": latency_table(latency),

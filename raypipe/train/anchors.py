@@ -3,8 +3,8 @@
 speculators' DFlash draws `max_anchors` positions uniformly over the whole
 packed sequence, so a pack of several rows trains on fewer draft blocks per
 row than the paper's 512 per sequence. Here each row keeps up to
-`train.max_anchors` of its supervised positions (all of them when it has
-fewer), and a pack keeps at most `train.max_pack_anchors`, a uniform sample of
+`train.objective.max_anchors` of its supervised positions (all of them when it has
+fewer), and a pack keeps at most `train.objective.max_pack_anchors`, a uniform sample of
 its rows' anchors above that.
 
 Cost model: a step drafts anchors x block_size query tokens. Each attends to

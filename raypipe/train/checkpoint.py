@@ -80,7 +80,8 @@ def save_checkpoint(
     if bad:
         raise ValueError(
             f"refusing to checkpoint step {state.step}: {len(bad)} trainable tensors hold NaN or Inf "
-            f"({', '.join(bad[:3])}); the stored checkpoints are kept. Lower train.lr or train.grad_clip, or look for "
+            f"({', '.join(bad[:3])}); the stored checkpoints are kept. Lower train.optim.lr or "
+            "train.optim.grad_clip, or look for "
             "broken rows in the prepared data"
         )
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -17,7 +17,7 @@ target:
 3. the mask token: set, the one vLLM uses (`dflash_config.mask_token_id`), a
    row of the target's embedding (which vLLM's drafter shares, as training
    copied it), no `mask_embedding.pt` replacing that row, and not a text
-   token unless the run chose it (`train.mask_token_id`);
+   token unless the run chose it (`train.drafter.mask_token_id`);
 4. target layers: vLLM's aux layer ids equal the trained ones (speculators'
    `aux_hidden_state_layer_ids`; vLLM's converter stores them as
    `eagle_aux_hidden_state_layer_ids` and `dflash_config.target_layer_ids`
@@ -512,12 +512,12 @@ def _mask_token(t: Applied, v: Applied, target: TargetFacts, configured: int | N
         if text is None
         else "the tokenizer's mask token"
         if mask == target.mask_token_id
-        else f"text token {text!r}" + (" (train.mask_token_id)" if explicit else "")
+        else f"text token {text!r}" + (" (train.drafter.mask_token_id)" if explicit else "")
     )
     outside = mask is not None and not 0 <= mask < vocab
     row = (
         f"mask_token_id: {mask} is outside the target's embedding ({vocab} rows), which vLLM's drafter shares; "
-        f"retrain with train.mask_token_id unset (the first unused row, {unused}) or an id below {vocab}"
+        f"retrain with train.drafter.mask_token_id unset (the first unused row, {unused}) or an id below {vocab}"
         if outside
         else f"{MASK_EMBEDDING_FILE}: vLLM replaces the target's row {mask} with it, while the drafter trained with "
         "that row itself; delete the file from the drafter directory"
@@ -549,9 +549,10 @@ def _mask_token(t: Applied, v: Applied, target: TargetFacts, configured: int | N
             kind,
             kind,
             text is not None and mask != target.mask_token_id and not explicit,
-            f"mask_token_id: {mask} is the text token {text!r} and train.mask_token_id did not choose it: the "
-            f"drafter cannot tell a masked slot from that token; retrain with train.mask_token_id unset (the first "
-            f"unused row, {unused}), or set train.mask_token_id={mask} if it was meant",
+            f"mask_token_id: {mask} is the text token {text!r} and train.drafter.mask_token_id did not choose it: the "
+            "drafter cannot tell a masked slot from that token; retrain with train.drafter.mask_token_id unset "
+            "(the first "
+            f"unused row, {unused}), or set train.drafter.mask_token_id={mask} if it was meant",
         ),
     ]
 
@@ -720,7 +721,7 @@ def check_drafter(
     served_layer_ids: list[int] | None,
 ) -> Contract:
     """The contract of the drafter in `directory` (local or fsspec) with `target` (TargetFacts.load).
-    `configured_mask_token_id`: the run's train.mask_token_id (an explicit choice); `served_layer_ids`: the
+    `configured_mask_token_id`: the run's train.drafter.mask_token_id (an explicit choice); `served_layer_ids`: the
     serve.layer_ids training read (None: unknown, not checked)."""
     drafter = read_drafter(directory)
     with tempfile.TemporaryDirectory() as local:  # both libraries read a local config.json

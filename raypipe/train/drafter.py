@@ -24,21 +24,23 @@ from raypipe.train.vocab import DraftVocab
 
 def attention_implementation(cfg: TrainConfig) -> str:
     """Flex attention on GPU; sdpa on CPU, where flex attention has no backward."""
-    if cfg.attention != "auto":
-        return cfg.attention
-    return "simple_flex_attention" if cfg.use_gpu else "sdpa"
+    if cfg.run.attention != "auto":
+        return cfg.run.attention
+    return "simple_flex_attention" if cfg.run.use_gpu else "sdpa"
 
 
 def loss_implementation(cfg: TrainConfig) -> str:
     """speculators' fused loss needs Triton (GPU); the eager one runs anywhere."""
-    return "fused" if cfg.use_gpu else "eager"
+    return "fused" if cfg.run.use_gpu else "eager"
 
 
 def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) -> int:
     """The explicit id, else the tokenizer's mask token, else the first embedding row no token uses."""
     if explicit is not None:
         if not 0 <= explicit < vocab_size:
-            raise ValueError(f"train.mask_token_id={explicit} is outside the target's vocabulary [0, {vocab_size})")
+            raise ValueError(
+                f"train.drafter.mask_token_id={explicit} is outside the target's vocabulary [0, {vocab_size})"
+            )
         return explicit
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path(target))
     if tokenizer.mask_token_id is not None:
@@ -46,7 +48,8 @@ def resolve_mask_token_id(target: str, explicit: int | None, vocab_size: int) ->
     if len(tokenizer) < vocab_size:
         return len(tokenizer)
     raise ValueError(
-        f"{target} has no mask token and no unused embedding row; set train.mask_token_id to an id the drafter may use "
+        f"{target} has no mask token and no unused embedding row; set train.drafter.mask_token_id to an id the "
+        "drafter may use "
         "as mask"
     )
 
@@ -68,11 +71,11 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
 
     layer_config = create_transformer_layer_config(  # reads the text config of composite targets
         verifier_name_or_path=target.path,
-        num_layers=cfg.draft_layers,
+        num_layers=cfg.drafter.draft_layers,
         draft_arch="qwen3",
         hidden_act=None,
-        sliding_window=cfg.step_tokens,
-        full_attention_indices=list(range(cfg.draft_layers)),  # DFlash: full attention in every draft layer
+        sliding_window=cfg.schedule.step_tokens,
+        full_attention_indices=list(range(cfg.drafter.draft_layers)),  # DFlash: full attention in every draft layer
     )
     # Qwen3.5/3.6 rotate with M-RoPE, which equals RoPE on text. The drafter trains with plain RoPE (its layers
     # ignore mrope_*), and vLLM refuses a drafter whose config names M-RoPE (speculators issue 570).
@@ -84,10 +87,10 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
         "dflash",
         layer_config,
         verifier_name_or_path=target.path,
-        draft_vocab_size=cfg.draft_vocab_size or target.shape.vocab_size,
-        block_size=cfg.block_size,
+        draft_vocab_size=cfg.drafter.draft_vocab_size or target.shape.vocab_size,
+        block_size=cfg.drafter.block_size,
         target_layer_ids=aux_layer_ids(list(target.layer_ids), target.shape.num_layers),
-        mask_token_id=resolve_mask_token_id(target.path, cfg.mask_token_id, target.shape.vocab_size),
+        mask_token_id=resolve_mask_token_id(target.path, cfg.drafter.mask_token_id, target.shape.vocab_size),
         draft_attn_impl=attention_implementation(cfg),
         # Training attends bidirectionally inside a block in full-attention layers; vLLM reads this flag
         # as "non-causal" for every layer, so it must be set or vLLM drafts with a causal mask.
@@ -97,13 +100,13 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
 
 
 def build_drafter(target: Target, cfg: TrainConfig, vocab: DraftVocab | None) -> Any:
-    """A freshly initialised drafter (seeded by train.seed) with the target's embedding and LM head, frozen; with a
-    draft vocabulary (raypipe.train.vocab) the LM head keeps the target's rows of its tokens."""
+    """A freshly initialised drafter (seeded by train.schedule.seed) with the target's embedding and LM head, frozen;
+    with a draft vocabulary (raypipe.train.vocab) the LM head keeps the target's rows of its tokens."""
     from speculators.models.dflash import DFlashDraftModel
 
     config = drafter_config(target, cfg)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
+        torch.manual_seed(cfg.schedule.seed)
         model = DFlashDraftModel(config=config)
     if vocab is not None:
         model.load_vocab_mappings(vocab.t2d, vocab.d2t)
@@ -126,10 +129,10 @@ def step_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     `max_anchors` (raypipe.train.anchors.anchor_count)."""
     from speculators.losses import resolve_loss_config
 
-    spec = cfg.loss if isinstance(cfg.loss, str) else json.dumps(cfg.loss)
+    spec = cfg.objective.loss if isinstance(cfg.objective.loss, str) else json.dumps(cfg.objective.loss)
     return {
         "loss_config": resolve_loss_config(spec, loss_implementation(cfg)),
-        "per_position_loss_weight": "dpace" if cfg.position_weighting == "dpace" else "fixed-exp-decay",
-        "dpace_alpha": cfg.dpace_alpha,
-        "gamma": cfg.loss_decay_gamma,
+        "per_position_loss_weight": "dpace" if cfg.objective.position_weighting == "dpace" else "fixed-exp-decay",
+        "dpace_alpha": cfg.objective.dpace_alpha,
+        "gamma": cfg.objective.loss_decay_gamma,
     }

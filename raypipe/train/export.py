@@ -42,7 +42,7 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
     contract = check_drafter(
         checkpoint.child(DRAFTER_DIR),
         TargetFacts.load(target.path),
-        configured_mask_token_id=cfg.train.mask_token_id,
+        configured_mask_token_id=cfg.train.drafter.mask_token_id,
         served_layer_ids=list(target.layer_ids),
     )
     contract.require()

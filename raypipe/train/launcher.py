@@ -1,15 +1,15 @@
 """Ray Train wiring of the training stage: one TorchTrainer, its workers, storage and failure policy.
 
-Workers take `train.resource` (a custom resource on the Train GPU nodes, so
+Workers take `train.run.resource` (a custom resource on the Train GPU nodes, so
 they never share a GPU with Serve replicas) inside a placement group with
-`train.placement_strategy`. Checkpoints go to the run's `ray_train/{name}`
+`train.run.placement_strategy`. Checkpoints go to the run's `ray_train/{name}`
 (raypipe.layout) through pyarrow's view of the same fsspec filesystem (so
 `s3://` with a custom endpoint works). A worker failure restarts the group from the last checkpoint
-up to `train.max_failures` times; re-running the same config resumes too.
+up to `train.run.max_failures` times; re-running the same config resumes too.
 
 Checkpoints are scored by `train_loss`, the mean training loss of the steps
 since the previous checkpoint (raypipe.train.loop): Ray Train keeps the
-`train.keep_checkpoints` lowest beside the latest, which it always keeps and
+`train.run.keep_checkpoints` lowest beside the latest, which it always keeps and
 resumes from; export takes the best (`best_checkpoint`).
 
 A run is resumed or exported only under what its checkpoints were trained
@@ -26,7 +26,7 @@ import functools
 import math
 from typing import Any
 
-from raypipe.config import RaypipeConfig
+from raypipe.config import RaypipeConfig, trained_settings
 from raypipe.data.output import PreparedOutput
 from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
@@ -36,31 +36,6 @@ from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
 from raypipe.train.loop import train_worker
 from raypipe.train.replies import open_rows
 from raypipe.train.vocab import prepare_draft_vocab
-
-# train.* a resume may change: how the run is executed, not what it trains.
-EXECUTION = {
-    "output",
-    "storage_options",
-    "hidden_states",
-    "cache",
-    "store_misses",
-    "prefetch",
-    "reply_max_sequences",
-    "num_workers",
-    "use_gpu",
-    "cpus_per_worker",
-    "resource",
-    "placement_strategy",
-    "strategy",
-    "attention",
-    "log_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "max_failures",
-    "max_nonfinite_steps",
-    "reply_timeout_s",
-    "trackers",
-}
 
 
 def _train_storage(cfg: RaypipeConfig) -> tuple[Storage, Any]:
@@ -97,14 +72,13 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
 
 
 def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
-    """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, train.* but
-    EXECUTION."""
-    train = {f"train.{k}": v for k, v in config["train"].items() if k not in EXECUTION}
+    """What a checkpoint is the state of, by dotted key: the prepared data, the target and layers, and train.*'s
+    content sections (raypipe.config.trained_settings; the execution ones may change on a resume)."""
     return {
         "data manifest sha256": manifest_sha256,
         "serve.model": config["serve"]["model"],
         "serve.layer_ids": config["serve"]["layer_ids"],
-        **train,
+        **trained_settings(config["train"]),
     }
 
 
@@ -176,9 +150,9 @@ def run_config(cfg: RaypipeConfig) -> Any:
         storage_path=storage.path(),
         storage_filesystem=pyarrow_fs,
         checkpoint_config=CheckpointConfig(
-            num_to_keep=cfg.train.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"
+            num_to_keep=cfg.train.run.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"
         ),
-        failure_config=FailureConfig(max_failures=cfg.train.max_failures),
+        failure_config=FailureConfig(max_failures=cfg.train.run.max_failures),
         # Ray Train's INFO lines (state transitions, resources, checkpoints) only with --verbose (raypipe.progress).
         logging_config=LoggingConfig(log_level="INFO" if verbose() else "WARNING"),
         # Ray Train 2.60 sends a worker's print() both to its logger and, as Ray wraps stdout, to stdout: twice.
@@ -190,16 +164,16 @@ def scaling_config(cfg: RaypipeConfig) -> Any:
     from ray.train import ScalingConfig
 
     tc = cfg.train
-    resources: dict[str, float] = {"CPU": tc.cpus_per_worker}
-    if tc.use_gpu:
+    resources: dict[str, float] = {"CPU": tc.run.cpus_per_worker}
+    if tc.run.use_gpu:
         resources["GPU"] = 1
-    if tc.resource:
-        resources[tc.resource] = 1
+    if tc.run.resource:
+        resources[tc.run.resource] = 1
     return ScalingConfig(
-        num_workers=tc.num_workers,
-        use_gpu=tc.use_gpu,
+        num_workers=tc.run.num_workers,
+        use_gpu=tc.run.use_gpu,
         resources_per_worker=resources,
-        placement_strategy=tc.placement_strategy,
+        placement_strategy=tc.run.placement_strategy,
     )
 
 
@@ -212,8 +186,8 @@ def run_training(cfg: RaypipeConfig) -> Any:
     cfg = RaypipeConfig.model_validate(cfg.model_dump())
     cfg.data.output = absolute(cfg.data.output)
     cfg.train.output = absolute(cfg.train.output)
-    if cfg.train.cache:
-        cfg.train.cache = absolute(cfg.train.cache)
+    if cfg.train.states.cache:
+        cfg.train.states.cache = absolute(cfg.train.states.cache)
     check_resume(cfg)  # before the replies' meta is written or a worker starts
     rows = open_rows(cfg)
     missing = rows.shards_needing_replies()  # fail here, not in every retried worker
@@ -222,7 +196,7 @@ def run_training(cfg: RaypipeConfig) -> Any:
             f"{len(missing)} prepared shards lack on-policy replies: run the reply pass first "
             "(raypipe.train.replies.run_replies; `raypipe train` and the pipeline do)"
         )
-    if cfg.train.draft_vocab_size is not None:  # counted once, before the workers read it
+    if cfg.train.drafter.draft_vocab_size is not None:  # counted once, before the workers read it
         prepare_draft_vocab(cfg, rows, resolve_target(cfg.serve).shape.vocab_size)
     return build_trainer(cfg).fit()
 
@@ -235,7 +209,7 @@ def build_trainer(cfg: RaypipeConfig) -> Any:
     return TorchTrainer(
         functools.partial(train_worker, {"config": cfg.model_dump()}),
         # Checkpoint gathers use CPU tensors.
-        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend="cpu:gloo,cuda:nccl" if cfg.train.run.use_gpu else "gloo"),
         scaling_config=scaling_config(cfg),
         run_config=run_config(cfg),
     )

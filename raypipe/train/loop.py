@@ -23,7 +23,7 @@
    export takes the best (raypipe.train.launcher).
 
 A step with a NaN or Inf loss or gradient norm is skipped and counted
-(raypipe.train.step); `train.max_nonfinite_steps` of them in a row stop the
+(raypipe.train.step); `train.run.max_nonfinite_steps` of them in a row stop the
 run at the next log, before anything is checkpointed, and a model state
 holding NaN or Inf is never checkpointed (raypipe.train.checkpoint).
 """
@@ -63,14 +63,15 @@ from raypipe.train.vocab import read_draft_vocab
 
 
 def stop_if_diverged(m: dict[str, float], cfg: RaypipeConfig, step: int) -> None:
-    """Stop the run once `train.max_nonfinite_steps` steps in a row were skipped as non-finite (`m`: a reduced
+    """Stop the run once `train.run.max_nonfinite_steps` steps in a row were skipped as non-finite (`m`: a reduced
     interval)."""
     tc = cfg.train
-    if m["nonfinite_run"] >= tc.max_nonfinite_steps:
+    if m["nonfinite_run"] >= tc.run.max_nonfinite_steps:
         raise ValueError(
             f"{m['nonfinite_run']:.0f} optimizer steps in a row up to step {step} had a NaN or Inf loss or gradient "
-            f"norm and were skipped (train.max_nonfinite_steps={tc.max_nonfinite_steps}); nothing after the last "
-            f"checkpoint is kept. Lower train.lr (now {tc.lr}) or train.grad_clip, or look for broken rows in the "
+            f"norm and were skipped (train.run.max_nonfinite_steps={tc.run.max_nonfinite_steps}); nothing after "
+            f"the last checkpoint is kept. Lower train.optim.lr (now {tc.optim.lr}) or train.optim.grad_clip, or look "
+            "for broken rows in the "
             f"prepared data ({cfg.data.output})"
         )
 
@@ -93,11 +94,11 @@ class Worker:
         self.device = get_device()
         self.target: Target = resolve_target(cfg.serve)  # builtin targets are built on each node
         self.folders = RunFolders.of(cfg)  # train.output arrives absolute (raypipe.train.launcher)
-        self.rows = open_rows(cfg, cache_shards=cfg.train.shuffle_window + 1)
+        self.rows = open_rows(cfg, cache_shards=cfg.train.schedule.shuffle_window + 1)
         reclaim_orphans()  # state files handed to a previous attempt's trainers on this node
         self.client = (
-            HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.prefetch)
-            if cfg.train.hidden_states != "offline"
+            HiddenStateClient(serve.get_app_handle(APP_NAME), max_in_flight=cfg.train.states.prefetch)
+            if cfg.train.states.mode != "offline"
             else None
         )
 
@@ -114,15 +115,22 @@ def load_replies(w: Worker) -> None:
 
 
 def plan_epochs(w: Worker) -> tuple[list[EpochPlan], int]:
-    """Every epoch's plan and the total optimizer steps (all epochs, capped by train.max_steps)."""
+    """Every epoch's plan and the total optimizer steps (all epochs, capped by train.schedule.max_steps)."""
     tc = w.cfg.train
     lengths = w.rows.lengths()
     plans = [
-        plan_epoch(w.rows.shard_sizes, lengths, seed=tc.seed, epoch=e, window=tc.shuffle_window, budget=tc.step_tokens)
-        for e in range(tc.epochs)
+        plan_epoch(
+            w.rows.shard_sizes,
+            lengths,
+            seed=tc.schedule.seed,
+            epoch=e,
+            window=tc.schedule.shuffle_window,
+            budget=tc.schedule.step_tokens,
+        )
+        for e in range(tc.schedule.epochs)
     ]
     total = sum(p.steps(w.world) for p in plans)
-    return plans, min(total, tc.max_steps) if tc.max_steps is not None else total
+    return plans, min(total, tc.schedule.max_steps) if tc.schedule.max_steps is not None else total
 
 
 class Trainer:
@@ -132,12 +140,12 @@ class Trainer:
         tc = w.cfg.train
         self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
         self.drafter = build_drafter(w.target, tc, read_draft_vocab(w.cfg, w.target.shape.vocab_size))
-        install_row_anchors(self.drafter, tc.max_anchors)
-        self.model = place_drafter(self.drafter, tc.strategy, w.device)
+        install_row_anchors(self.drafter, tc.objective.max_anchors)
+        self.model = place_drafter(self.drafter, tc.run.strategy, w.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, tc.lr, tc.weight_decay)
+        self.optimizer = make_optimizer(self.params, tc.optim.lr, tc.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, total_steps, tc.warmup_ratio)
+            self.optimizer, lambda s: lr_factor(s, total_steps, tc.optim.warmup_ratio)
         )
         self.state = TrainingState()
         self.ledger = Ledger(w.folders.ledger, w.rank)
@@ -160,8 +168,8 @@ class Trainer:
             "torch_threads": torch.get_num_threads(),
         }
         self.cache = (
-            StateCache(Storage(tc.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids))
-            if tc.cache
+            StateCache(Storage(tc.states.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids))
+            if tc.states.cache
             else None
         )
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
@@ -175,7 +183,7 @@ class Trainer:
         }  # loss weighted by the steps that trained
         self.kwargs = step_kwargs(tc)
         self.autocast, self.states_dtype = precision(w.device)
-        torch.manual_seed(tc.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors per rank and step
+        torch.manual_seed(tc.schedule.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors per rank and step
 
     def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
         """This rank's packs of `count` steps from `cursor`; a rank without a pack in the epoch's last step repeats its
@@ -191,7 +199,7 @@ class Trainer:
         """Each step with its rows' hidden states, requested `prefetch` steps ahead."""
         for_ids, for_rows = itertools.tee(steps)
         packs = ([r.input_ids for r in step.rows] for step in for_ids)
-        states = stream_states(packs, self.tc.hidden_states, self.w.client, self.cache, self.tc.store_misses)
+        states = stream_states(packs, self.tc.states.mode, self.w.client, self.cache, self.tc.states.store_misses)
         return zip(for_rows, states, strict=True)
 
     def log(self, lr: float) -> dict[str, float]:
@@ -263,7 +271,7 @@ class Trainer:
     def run(self) -> None:
         """Every epoch from where the restored state stopped, to the end of the epochs or of `total_steps`."""
         state = self.state
-        while state.epoch < self.tc.epochs and state.step < self.total_steps:
+        while state.epoch < self.tc.schedule.epochs and state.step < self.total_steps:
             plan = self.plans[state.epoch]
             count = min(plan.steps(self.w.world, state.cursor), self.total_steps - state.step)
             self.model.train()
@@ -279,9 +287,14 @@ class Trainer:
             self.trackers.close()
 
     def anchors(self, step: Step) -> int:
-        """The pack's anchors: up to train.max_anchors per row, at most train.max_pack_anchors."""
+        """The pack's anchors: up to train.objective.max_anchors per row, at most train.objective.max_pack_anchors."""
         tc = self.tc
-        return anchor_count([r.loss_mask for r in step.rows], tc.max_anchors, tc.max_pack_anchors, tc.block_size)
+        return anchor_count(
+            [r.loss_mask for r in step.rows],
+            tc.objective.max_anchors,
+            tc.objective.max_pack_anchors,
+            tc.drafter.block_size,
+        )
 
     def train_one(
         self, plan: EpochPlan, step: Step, batch: dict[str, torch.Tensor], started: float, waited: float
@@ -298,7 +311,7 @@ class Trainer:
             self.scheduler,
             batch,
             {**self.kwargs, "max_anchors": self.anchors(step)},
-            tc.grad_clip,
+            tc.optim.grad_clip,
             1.0 if real else 0.0,
             self.autocast,
         )
@@ -310,8 +323,8 @@ class Trainer:
             model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - started, **step.sources
         )
         at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
-        checkpoint = state.step % tc.checkpoint_every == 0 or at_end
-        if state.step % tc.log_every == 0 or checkpoint:
+        checkpoint = state.step % tc.run.checkpoint_every == 0 or at_end
+        if state.step % tc.run.log_every == 0 or checkpoint:
             m = self.log(lr)
             if checkpoint:
                 self.checkpoint(m)

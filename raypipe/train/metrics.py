@@ -3,7 +3,7 @@
 The drafter returns sum/total pairs as 0-dim tensors on the device (loss,
 accuracy per block position, estimated acceptance). Reading any of them on
 the host waits for the GPU, so a step only adds them to a device vector;
-every `train.log_every` steps (and at checkpoints) the vector, with the
+every `train.run.log_every` steps (and at checkpoints) the vector, with the
 host-side timings appended, is all-reduced on the device in one collective
 and copied to the host once. Host floats never enter a collective: with
 `cpu:gloo,cuda:nccl` a CPU tensor would take the gloo path.

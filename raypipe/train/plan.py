@@ -37,7 +37,8 @@ def pack_rows(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[np.nd
         n = int(lengths[row])
         if n > budget:
             raise ValueError(
-                f"row {row} has {n} tokens, more than train.step_tokens={budget}; raise train.step_tokens or lower "
+                f"row {row} has {n} tokens, more than train.schedule.step_tokens={budget}; raise "
+                "train.schedule.step_tokens or lower "
                 "data.max_length"
             )
         if used + n > budget:

@@ -4,7 +4,7 @@ Engines run as Ray actors with a Serve replica's resources (`serve.resource`,
 on the Serve node type; no training GPU is reserved and the hidden-state
 service is not running yet), up to `serve.max_replicas` of them. Each takes
 whole prepared shards and generates every reply of a shard in one call of
-vLLM's offline engine: continuous batching over `train.reply_max_sequences`
+vLLM's offline engine: continuous batching over `train.run.reply_max_sequences`
 sequences at once, no hidden-state extraction, stopping at the end-of-turn
 token the data stage recorded. A shard's replies are written atomically, keyed
 by row position (raypipe.train.rows), so the pass resumes shard by shard.
@@ -14,7 +14,7 @@ the thinking setting; replies made otherwise are refused, not mixed in.
 The driver alone hands out shards: one at a time to an idle engine, each
 shard once, so no shard is owned twice or by no one, whatever the engines'
 speeds. Nothing waits forever: an engine busy with one shard for
-`train.reply_timeout_s` fails the pass with an error naming the shard, and an
+`train.run.reply_timeout_s` fails the pass with an error naming the shard, and an
 engine that does not start within it is left out (the pass fails if none
 starts).
 """
@@ -35,9 +35,9 @@ from raypipe.train.rows import PreparedRows
 def reply_sampling(cfg: RaypipeConfig, end_of_turn_id: int) -> dict[str, Any]:
     tc = cfg.train
     return {
-        "temperature": tc.reply_temperature,
-        "max_tokens": tc.reply_max_tokens,
-        "seed": tc.seed,
+        "temperature": tc.replies.temperature,
+        "max_tokens": tc.replies.max_tokens,
+        "seed": tc.schedule.seed,
         "stop_token_ids": [end_of_turn_id],
     }
 
@@ -76,7 +76,10 @@ class ReplyWriter:
             engine_processes()
         ):  # engine processes a killed writer leaves are ended, by pid, at the next engine start on the node
             self.llm = LLM(
-                **{**engine_args(resolve_target(cfg.serve), cfg.serve), "max_num_seqs": cfg.train.reply_max_sequences}
+                **{
+                    **engine_args(resolve_target(cfg.serve), cfg.serve),
+                    "max_num_seqs": cfg.train.run.reply_max_sequences,
+                }
             )
         self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
 
@@ -105,7 +108,7 @@ def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator
             waiting[actor.write.remote(shard)] = (shard, actor, time.monotonic())
         if not waiting:
             raise ValueError(
-                f"no reply engine started within train.reply_timeout_s={timeout_s:g} s: check that the cluster has "
+                f"no reply engine started within train.run.reply_timeout_s={timeout_s:g} s: check that the cluster has "
                 "a Serve replica's resources free"
             )
         oldest = min(since for _, _, since in waiting.values())
@@ -122,8 +125,8 @@ def _written(actors: list[Any], shards: list[int], timeout_s: float) -> Iterator
         if stuck:
             raise ValueError(
                 f"the reply pass is stuck: shard {', '.join(map(str, stuck))} has had no replies for "
-                f"train.reply_timeout_s={timeout_s:g} s; its engine hangs or the shard needs longer (raise "
-                "train.reply_timeout_s). Shards done so far are stored, and a re-run does only the rest"
+                f"train.run.reply_timeout_s={timeout_s:g} s; its engine hangs or the shard needs longer (raise "
+                "train.run.reply_timeout_s). Shards done so far are stored, and a re-run does only the rest"
             )
         for ref in [ref for ref, (shard, _, since) in waiting.items() if shard is None and now - since >= timeout_s]:
             del waiting[ref]  # an engine that did not start: the others take its shards
@@ -145,7 +148,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     wanted = sum(int(rows.needs_response[rows.offsets[s] : rows.offsets[s + 1]].sum()) for s in todo)
     print(
         f"[replies] {wanted} on-policy replies to generate ({len(todo)} shards): {engines} vLLM engine(s), up to "
-        f"{cfg.train.reply_max_sequences} sequences each",
+        f"{cfg.train.run.reply_max_sequences} sequences each",
         flush=True,
     )
     writer = ray.remote(**engine_process_options(cfg.serve))(ReplyWriter)  # vLLM's own error surfaces here
@@ -153,7 +156,7 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     start, replies, tokens, busy = time.perf_counter(), 0, 0, 0.0
     bar = progress(wanted, "[replies] generating", "replies")  # a shard's replies at once, engines' start included
     try:
-        for _, n, t, seconds in _written(actors, todo, cfg.train.reply_timeout_s):
+        for _, n, t, seconds in _written(actors, todo, cfg.train.run.reply_timeout_s):
             replies, tokens, busy = replies + n, tokens + t, busy + seconds
             bar.set_postfix_str(f"{tokens * engines / busy:.0f} tokens/s generating", refresh=False)
             bar.update(n)

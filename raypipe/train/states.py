@@ -37,7 +37,8 @@ class StateCache:
             found = storage.read_json("meta.json")
             if found != meta:
                 raise ValueError(
-                    f"train.cache {storage.url} holds states of {found}, not {meta}; point train.cache at a new "
+                    f"train.states.cache {storage.url} holds states of {found}, not {meta}; point "
+                    "train.states.cache at a new "
                     "directory"
                 )
         else:
@@ -73,15 +74,15 @@ def stream_states(
         assert client is not None, "online mode needs the service"
         yield from client.stream([ids.tolist() for ids in seqs] for seqs in packs)
         return
-    assert cache is not None, f"{mode} mode needs train.cache"
+    assert cache is not None, f"{mode} mode needs train.states.cache"
     if mode == "offline":
         for seqs in packs:
             hits = [cache.get(ids) for ids in seqs]
             if any(hit is None for hit in hits):
                 raise ValueError(
-                    f"train.cache {cache.storage.url} lacks the states of {sum(h is None for h in hits)} sequences of "
-                    "a step; "
-                    "fill it with a hybrid run (train.hidden_states=hybrid train.store_misses=true) or train online"
+                    f"train.states.cache {cache.storage.url} lacks the states of {sum(h is None for h in hits)} "
+                    "sequences of a step; fill it with a hybrid run (train.states.mode=hybrid "
+                    "train.states.store_misses=true) or train online"
                 )
             yield hits
         return

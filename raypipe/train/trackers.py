@@ -1,4 +1,4 @@
-"""Experiment trackers (`train.trackers`): TensorBoard, Weights & Biases and MLflow, fed from rank 0.
+"""Experiment trackers (`train.run.trackers`): TensorBoard, Weights & Biases and MLflow, fed from rank 0.
 
 At every logged interval rank 0 gives each tracker what it sets the Prometheus metrics to (raypipe.train.metrics:
 loss, tau_estimate, lr, tokens_per_s, wait_fraction, nonfinite_steps, accuracy/{position}) at the optimizer step;
@@ -36,15 +36,16 @@ PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
 
 def check_trackers(trackers: list[str], output: str) -> None:
-    """A ValueError naming the fix when a tracker of `train.trackers` could not start (checked with the config)."""
+    """A ValueError naming the fix when a tracker of `train.run.trackers` could not start (checked with the config)."""
     missing = [t for t in trackers if importlib.util.find_spec(PACKAGES[t]) is None]
     if missing:
         raise ValueError(
-            f"train.trackers: {', '.join(missing)} requested but not installed: pip install raypipe[trackers]"
+            f"train.run.trackers: {', '.join(missing)} requested but not installed: pip install raypipe[trackers]"
         )
     if "mlflow" in trackers and is_url(output) and not os.environ.get("MLFLOW_TRACKING_URI"):
         raise ValueError(
-            f"train.trackers: mlflow with a URL train.output ({output}) needs MLFLOW_TRACKING_URI (a tracking server, "
+            f"train.run.trackers: mlflow with a URL train.output ({output}) needs MLFLOW_TRACKING_URI (a tracking "
+            "server, "
             "or a file: URI of a local folder): its file store is local"
         )
 
@@ -178,7 +179,7 @@ class Trackers:
             "wandb": lambda: WandB(folders, params),
             "mlflow": lambda: MLflow(folders, params),
         }
-        return cls([make[name]() for name in cfg.train.trackers])
+        return cls([make[name]() for name in cfg.train.run.trackers])
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for tracker in self.trackers:

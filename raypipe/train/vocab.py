@@ -1,8 +1,8 @@
-"""The drafter's reduced vocabulary (`train.draft_vocab_size`): the most frequent supervised tokens of the run.
+"""The drafter's reduced vocabulary (`train.drafter.draft_vocab_size`): the most frequent supervised tokens of the run.
 
 A full-vocabulary drafter computes 151,936 (Qwen3) or 248,320 (Qwen3.6)
 logits per draft position: the largest single cost of its step. With
-`train.draft_vocab_size` the drafter's LM head keeps only the rows of the
+`train.drafter.draft_vocab_size` the drafter's LM head keeps only the rows of the
 tokens it is trained to predict most often: the supervised tokens of the
 prepared data, on-policy replies in place of the placeholders, counted once
 before the workers start. Ties go to the lower id and a vocabulary with fewer
@@ -61,7 +61,7 @@ def vocab_from_counts(counts: np.ndarray, draft_vocab_size: int) -> DraftVocab:
 
     if not 0 < draft_vocab_size <= len(counts):
         raise ValueError(
-            f"train.draft_vocab_size={draft_vocab_size} must be in [1, {len(counts)}] (the target's vocabulary)"
+            f"train.drafter.draft_vocab_size={draft_vocab_size} must be in [1, {len(counts)}] (the target's vocabulary)"
         )
     frequencies = {int(t): int(counts[t]) for t in np.flatnonzero(counts)}
     d2t, t2d = build_vocab_mappings_from_distribution(frequencies, draft_vocab_size, len(counts))
@@ -79,7 +79,7 @@ def prepare_draft_vocab(cfg: RaypipeConfig, rows: PreparedRows, vocab_size: int)
         return stored[0]
     rows.load_replies()
     counts = supervised_counts(rows, vocab_size)
-    vocab = vocab_from_counts(counts, cfg.train.draft_vocab_size)
+    vocab = vocab_from_counts(counts, cfg.train.drafter.draft_vocab_size)
     buf = io.BytesIO()
     np.savez(buf, t2d=vocab.t2d.numpy(), d2t=vocab.d2t.numpy(), manifest_sha256=np.asarray(rows.manifest_sha256))
     RunFolders.of(cfg).vocab.write(_file(cfg), buf.getvalue())
@@ -93,11 +93,11 @@ def prepare_draft_vocab(cfg: RaypipeConfig, rows: PreparedRows, vocab_size: int)
 
 
 def uses_draft_vocab(cfg: RaypipeConfig, vocab_size: int) -> bool:
-    return cfg.train.draft_vocab_size is not None and cfg.train.draft_vocab_size != vocab_size
+    return cfg.train.drafter.draft_vocab_size is not None and cfg.train.drafter.draft_vocab_size != vocab_size
 
 
 def _file(cfg: RaypipeConfig) -> str:
-    return f"draft_vocab_{cfg.train.draft_vocab_size}.npz"  # runs of other sizes may share train.output
+    return f"draft_vocab_{cfg.train.drafter.draft_vocab_size}.npz"  # runs of other sizes may share train.output
 
 
 def _read(cfg: RaypipeConfig) -> tuple[DraftVocab, str] | None:
@@ -116,6 +116,6 @@ def read_draft_vocab(cfg: RaypipeConfig, vocab_size: int) -> DraftVocab | None:
     if stored is None:
         raise ValueError(
             f"{RunFolders.of(cfg).vocab.path(_file(cfg))} is missing: the training stage counts the draft vocabulary "
-            "of train.draft_vocab_size (raypipe.train.vocab.prepare_draft_vocab); run it first"
+            "of train.drafter.draft_vocab_size (raypipe.train.vocab.prepare_draft_vocab); run it first"
         )
     return stored[0]

@@ -41,10 +41,14 @@ def test_the_step_of_a_drafter_with_its_draft_vocabulary_is_timed_beside_the_who
     counts = np.zeros(target.shape.vocab_size, np.int64)
     counts[100:400] = np.arange(300, 0, -1)
     vocab = vocab_from_counts(counts, 256)
-    tc = TrainConfig(output="unused", draft_layers=1, block_size=4, use_gpu=False, draft_vocab_size=256)
+    tc = TrainConfig(
+        output="unused", drafter={"draft_layers": 1, "block_size": 4, "draft_vocab_size": 256}, run={"use_gpu": False}
+    )
     drafters = {
         "draft_vocab": build_drafter(target, tc, vocab).eval(),
-        "full_vocab": build_drafter(target, tc.model_copy(update={"draft_vocab_size": None}), None).eval(),
+        "full_vocab": build_drafter(
+            target, tc.model_copy(update={"drafter": tc.drafter.model_copy(update={"draft_vocab_size": None})}), None
+        ).eval(),
     }
     assert drafters["full_vocab"].lm_head.weight.shape[0] == target.shape.vocab_size
     states = torch.randn(20, len(target.layer_ids), target.shape.hidden_size)

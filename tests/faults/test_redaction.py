@@ -59,7 +59,7 @@ def test_redact_hides_every_credential_under_storage_options_and_nothing_else(tm
         "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000", "aws_secret_access_key": REDACTED},
     }
     assert (
-        public["train"]["mask_token_id"] == doc["train"]["mask_token_id"]
+        public["train"]["drafter"]["mask_token_id"] == doc["train"]["drafter"]["mask_token_id"]
         and public["data"]["tokenizer"] == "builtin:qwen"
     )  # "token" outside options
     assert redact({"headers": {"Authorization": "x"}}) == {
@@ -96,7 +96,13 @@ def test_checkpoint_config_json_is_redacted(tiny_target: str, tmp_path: Path) ->
     target = resolve_target(serve_config(tiny_target))
     drafter = build_drafter(
         target,
-        TrainConfig(output="unused", draft_layers=1, block_size=4, max_anchors=16, step_tokens=256, use_gpu=False),
+        TrainConfig(
+            output="unused",
+            drafter={"draft_layers": 1, "block_size": 4},
+            objective={"max_anchors": 16},
+            schedule={"step_tokens": 256},
+            run={"use_gpu": False},
+        ),
         None,
     )
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad])

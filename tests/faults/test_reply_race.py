@@ -80,7 +80,7 @@ def test_a_stuck_shard_fails_the_pass_naming_it_and_a_rerun_does_only_the_rest(
     prepared_shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg = run_config(
-        prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=1", "train.reply_timeout_s=60"
+        prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=1", "train.run.reply_timeout_s=60"
     )
     todo = open_rows(cfg).shards_needing_replies()
     stuck = todo[-1]
@@ -88,7 +88,7 @@ def test_a_stuck_shard_fails_the_pass_naming_it_and_a_rerun_does_only_the_rest(
     log.mkdir()
     monkeypatch.setattr(replies, "ReplyWriter", delayed_writer(stuck, str(log), hang=True))
     with pytest.raises(
-        ValueError, match=rf"reply pass is stuck: shard {stuck} has had no replies for train.reply_timeout_s=60 s"
+        ValueError, match=rf"reply pass is stuck: shard {stuck} has had no replies for train.run.reply_timeout_s=60 s"
     ):
         run_replies(cfg)
     assert _writes(log) == sorted(todo)

@@ -150,7 +150,7 @@ def test_train_export_and_eval_chain_on_the_prepared_data_and_train_settings(tmp
     assert [fresh.done(s) for s in ("train", "export", "eval")] == [None, None, None]
 
     manifest.write_text('{"shards": []}\n')
-    changed = StageLog(config(root, "train.lr=0.01"))
+    changed = StageLog(config(root, "train.optim.lr=0.01"))
     assert [changed.done(s) for s in ("train", "export", "eval")] == [None, None, None]
     assert StageLog(config(root, "eval.num_prompts=3")).done("train") is not None
     assert StageLog(config(root, "eval.num_prompts=3")).done("eval") is None
@@ -277,14 +277,15 @@ def test_a_resume_under_other_train_settings_or_data_is_refused(ray_cluster: str
 
     check_resume(cfg)  # the same settings resume
     check_resume(
-        config(root, "train.num_workers=1", "train.checkpoint_every=7", "serve.num_cpus=1")
+        config(root, "train.run.num_workers=1", "train.run.checkpoint_every=7", "serve.num_cpus=1")
     )  # so do other execution settings
     assert latest_checkpoint(cfg).exists("config.json")
 
-    lr = config(root, "train.lr=0.01")
+    lr = config(root, "train.optim.lr=0.01")
     for call in (check_resume, latest_checkpoint, best_checkpoint, run_training):
         with pytest.raises(
-            ValueError, match=r"trained with other settings or data \(train\.lr: 0\.003 there, 0\.01 now\).*name="
+            ValueError,
+            match=r"trained with other settings or data \(train\.optim\.lr: 0\.003 there, 0\.01 now\).*name=",
         ):
             call(lr)
     assert not (root / "train" / "replies").exists(), "refused before anything was written"

@@ -45,20 +45,17 @@ class Drafter:
         self.target = resolve_target(serve_config(tiny_target))
         self.tc = TrainConfig(
             output="unused",
-            draft_layers=1,
-            block_size=4,
-            max_anchors=16,
-            step_tokens=256,
-            use_gpu=False,
-            seed=0,
-            lr=lr,
-            strategy=strategy,
+            drafter={"draft_layers": 1, "block_size": 4},
+            objective={"max_anchors": 16},
+            optim={"lr": lr},
+            schedule={"step_tokens": 256, "seed": 0},
+            run={"use_gpu": False, "strategy": strategy},
         )
         self.drafter = build_drafter(self.target, self.tc, None)
-        install_row_anchors(self.drafter, self.tc.max_anchors)
+        install_row_anchors(self.drafter, self.tc.objective.max_anchors)
         self.model = place_drafter(self.drafter, strategy, torch.device("cpu"))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, self.tc.lr, self.tc.weight_decay)
+        self.optimizer = make_optimizer(self.params, self.tc.optim.lr, self.tc.optim.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
         self.autocast, self.dtype = precision(torch.device("cpu"))
         self.kwargs = step_kwargs(self.tc)
@@ -91,7 +88,7 @@ class Drafter:
             self.scheduler,
             self.batch(seed, fault),
             {**self.kwargs, "max_anchors": 2 * 16},  # two rows of 64 supervised tokens, 16 anchors each
-            self.tc.grad_clip,
+            self.tc.optim.grad_clip,
             1.0,
             self.autocast,
         )
@@ -161,7 +158,7 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(
 def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(
     tiny_target: str, one_rank_group: Any
 ) -> None:
-    cfg = load_config("debug_cpu", ["train.max_nonfinite_steps=3"])
+    cfg = load_config("debug_cpu", ["train.run.max_nonfinite_steps=3"])
     d = Drafter(tiny_target)
     metrics = StepMetrics(torch.device("cpu"))
     for seed, fault in [(1, None), (2, math.nan), (3, math.nan), (4, None), (5, math.nan), (6, math.nan)]:
@@ -175,7 +172,8 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(
     assert math.isnan(m["loss"]), "an interval whose every step was skipped has no loss"
     with pytest.raises(
         ValueError,
-        match=r"3 optimizer steps in a row up to step 7 .*max_nonfinite_steps=3.*Lower train\.lr .*prepared data",
+        match=r"3 optimizer steps in a row up to step 7 .*max_nonfinite_steps=3.*Lower train\.optim\.lr .*prepared "
+        "data",
     ):
         stop_if_diverged(m, cfg, step=7)
 
@@ -331,7 +329,7 @@ def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_
 
     cfg: RaypipeConfig = load_config(
         "debug_cpu",
-        [f"train.output={tmp_path / 'train'}", f"data.output={tmp_path / 'prepared'}", "train.keep_checkpoints=1"],
+        [f"train.output={tmp_path / 'train'}", f"data.output={tmp_path / 'prepared'}", "train.run.keep_checkpoints=1"],
     )
     (tmp_path / "prepared").mkdir()
     (tmp_path / "prepared" / "manifest.json").write_text('{"counts": {}}')

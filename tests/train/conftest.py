@@ -25,12 +25,12 @@ def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
             "data.max_length=512",
             "serve.max_model_len=1024",
             f"train.output={run / 'train'}",
-            "train.step_tokens=512",
-            "train.max_pack_anchors=16",
-            "train.reply_max_tokens=16",
+            "train.schedule.step_tokens=512",
+            "train.objective.max_pack_anchors=16",
+            "train.replies.max_tokens=16",
             # The tiny target's 151,936-token head is nearly all of a CPU step; with it the runs also check the draft
             # vocabulary through resumes, S3, FSDP2 and vLLM's greedy losslessness.
-            "train.draft_vocab_size=4096",
+            "train.drafter.draft_vocab_size=4096",
             *overrides,
         ],
     )

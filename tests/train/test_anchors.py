@@ -77,10 +77,14 @@ def test_a_pack_cap_alone_samples_uniformly_over_the_pack_as_speculators_does() 
 def drafter_and_target(tiny_target: str):
     target = resolve_target(serve_config(tiny_target))
     tc = TrainConfig(
-        output="unused", draft_layers=1, block_size=BLOCK, max_anchors=3, step_tokens=256, use_gpu=False, seed=0
+        output="unused",
+        drafter={"draft_layers": 1, "block_size": BLOCK},
+        objective={"max_anchors": 3},
+        schedule={"step_tokens": 256, "seed": 0},
+        run={"use_gpu": False},
     )
     drafter = build_drafter(target, tc, None)
-    install_row_anchors(drafter, tc.max_anchors)
+    install_row_anchors(drafter, tc.objective.max_anchors)
     return drafter, target, tc
 
 
@@ -93,7 +97,7 @@ def test_the_drafter_anchors_each_row_of_a_pack_and_trains_on_them(drafter_and_t
     ]
     states = [torch.randn(len(r.input_ids), len(target.layer_ids), target.shape.hidden_size) for r in rows]
     batch = drafter_inputs(pack_host(rows, states, pin=False), torch.float32)
-    count = anchor_count([r.loss_mask for r in rows], tc.max_anchors, tc.max_pack_anchors, BLOCK)
+    count = anchor_count([r.loss_mask for r in rows], tc.objective.max_anchors, tc.objective.max_pack_anchors, BLOCK)
     assert count == 9  # 3 per row: speculators' per-pack draw would give the longest row the most
     torch.manual_seed(1)
     _, _, anchors, valid = drafter._build_attention_mask(  # noqa: SLF001 - the selection the forward uses
@@ -108,18 +112,22 @@ def test_the_drafter_anchors_each_row_of_a_pack_and_trains_on_them(drafter_and_t
 
 def test_loss_settings_follow_speculators_defaults_and_refuse_dpace_without_ce() -> None:
     tc = TrainConfig(output="unused")
-    assert (tc.loss, tc.position_weighting, tc.dpace_alpha) == ("ce", "dpace", 0.5)
-    kwargs = step_kwargs(TrainConfig(output="unused", use_gpu=False))
+    assert (tc.objective.loss, tc.objective.position_weighting, tc.objective.dpace_alpha) == ("ce", "dpace", 0.5)
+    kwargs = step_kwargs(TrainConfig(output="unused", run={"use_gpu": False}))
     assert list(kwargs["loss_config"]) == ["ce"] and kwargs["per_position_loss_weight"] == "dpace"
     mix = step_kwargs(
-        TrainConfig(output="unused", use_gpu=False, loss={"ce": 0.1, "tv": 0.9}, position_weighting="exp_decay")
+        TrainConfig(
+            output="unused",
+            objective={"loss": {"ce": 0.1, "tv": 0.9}, "position_weighting": "exp_decay"},
+            run={"use_gpu": False},
+        )
     )
     assert {k: w for k, (_, w) in mix["loss_config"].items()} == {"ce": 0.1, "tv": 0.9}
     assert mix["per_position_loss_weight"] == "fixed-exp-decay"
-    with pytest.raises(ValueError, match="needs train.loss=ce"):
-        TrainConfig(output="unused", loss="kl_div")
+    with pytest.raises(ValueError, match="needs train.objective.loss=ce"):
+        TrainConfig(output="unused", objective={"loss": "kl_div"})
     with pytest.raises(ValueError, match="unknown loss"):
-        TrainConfig(output="unused", loss={"ce": 1.0, "hinge": 1.0}, position_weighting="exp_decay")
+        TrainConfig(output="unused", objective={"loss": {"ce": 1.0, "hinge": 1.0}, "position_weighting": "exp_decay"})
 
 
 def test_every_loss_name_the_config_accepts_is_one_speculators_resolves() -> None:

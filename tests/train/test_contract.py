@@ -47,7 +47,11 @@ def drafters(targets: dict[str, Target], tmp_path_factory: pytest.TempPathFactor
     out = {}
     for arch, target in targets.items():
         size = DRAFT_VOCAB[arch]
-        tc = TrainConfig(output="unused", draft_layers=1, block_size=4, use_gpu=False, draft_vocab_size=size)
+        tc = TrainConfig(
+            output="unused",
+            drafter={"draft_layers": 1, "block_size": 4, "draft_vocab_size": size},
+            run={"use_gpu": False},
+        )
         vocab = None
         if size is not None:
             counts = np.zeros(target.shape.vocab_size, np.int64)
@@ -163,7 +167,7 @@ MISMATCHES = {
         top(mask_token_id=9707),
         None,
         {("mask_token", "mask token kind")},
-        "mask_token_id: 9707 is the text token 'Hello' and train.mask_token_id did not choose it",
+        "mask_token_id: 9707 is the text token 'Hello' and train.drafter.mask_token_id did not choose it",
     ),
     # 4. target layer ids
     "layers: outside the target": (
@@ -270,7 +274,7 @@ def test_a_text_token_the_run_chose_as_mask_passes(
     contract = check(directory, facts["qwen3"], configured=9707)
     assert contract.ok, contract.table()
     [kind] = [c for c in contract.checks if c.field == "mask token kind"]
-    assert kind.trained == "text token 'Hello' (train.mask_token_id)"
+    assert kind.trained == "text token 'Hello' (train.drafter.mask_token_id)"
 
 
 def _checkpoint(drafter: Path, root: Path, target: Target) -> Storage:

@@ -59,7 +59,7 @@ def test_resume_at_cursor_trains_each_pack_once(first_world: int, second_world: 
 
 
 def test_row_over_budget_names_the_fix() -> None:
-    with pytest.raises(ValueError, match="train.step_tokens"):
+    with pytest.raises(ValueError, match="train.schedule.step_tokens"):
         pack_rows(np.arange(2), np.array([5, 50]), budget=20)
 
 

@@ -28,7 +28,7 @@ def config(output: str, trackers: str) -> RaypipeConfig:
         "debug_cpu",
         [
             f"train.output={output}",
-            f"train.trackers={trackers}",
+            f"train.run.trackers={trackers}",
             f"data.storage_options={{key: {SECRET}, client_kwargs: {{endpoint_url: 'http://127.0.0.1:9000'}}}}",
         ],
     )
@@ -104,14 +104,14 @@ def test_tensorboard_event_files_hold_every_interval_and_the_redacted_config(
     tmp_path: Path, intervals: list[dict[str, float]]
 ) -> None:
     cfg = config(str(tmp_path / "run"), "[tensorboard]")
-    assert cfg.train.trackers == ["tensorboard"] == config(str(tmp_path), "[tensorboard]").train.trackers
+    assert cfg.train.run.trackers == ["tensorboard"] == config(str(tmp_path), "[tensorboard]").train.run.trackers
     run(cfg, intervals)
     events = tensorboard_events(tmp_path / "run" / "tensorboard" / cfg.name)
     for name in ("loss", "tau_estimate", "lr", "tokens_per_s", "wait_fraction", "accuracy/1"):
         got = [(e.step, e.value) for e in events.Scalars(name)]
         assert got == [(s, pytest.approx(tracked(m)[name])) for s, m in zip(STEPS, intervals, strict=True)], name
     params = hparams_of(events)
-    assert params["train.lr"] == pytest.approx(cfg.train.lr) and params["name"] == cfg.name
+    assert params["train.optim.lr"] == pytest.approx(cfg.train.optim.lr) and params["name"] == cfg.name
     assert params["data.storage_options.key"] == REDACTED and SECRET not in json.dumps(params)
 
 
@@ -176,7 +176,7 @@ def test_wandb_offline_run_holds_the_history_and_the_redacted_config(
     [run_record] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run_record.display_name == cfg.name
     config_items = {i.key: json.loads(i.value_json) for i in run_record.config.update}
-    assert config_items["train.lr"] == cfg.train.lr
+    assert config_items["train.optim.lr"] == cfg.train.optim.lr
     assert config_items["data.storage_options.key"] == REDACTED and SECRET not in str(run_record.config)
 
 
@@ -198,7 +198,7 @@ def test_mlflow_file_store_holds_the_metric_history_and_the_redacted_params(
             (s, pytest.approx(tracked(m)[name])) for s, m in zip(STEPS, intervals, strict=True)
         ]
     params = found.data.params
-    assert float(params["train.lr"]) == cfg.train.lr
+    assert float(params["train.optim.lr"]) == cfg.train.optim.lr
     assert params["data.storage_options.key"] == REDACTED and SECRET not in json.dumps(params)
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "elsewhere").as_uri())  # a tracking URI wins
@@ -206,12 +206,18 @@ def test_mlflow_file_store_holds_the_metric_history_and_the_redacted_params(
     assert (tmp_path / "elsewhere").is_dir() and not (tmp_path / "run2" / "mlflow").exists()
 
 
-def test_a_tracker_that_cannot_start_is_refused_with_the_config(
+def test_a_tracker_that_cannot_start_is_refused_by_the_preflight(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The driver's preflight refuses it before any work; the config alone stays valid anywhere (a worker's machine
+    need not have the packages or variables the driver checked)."""
+    from raypipe.preflight import preflight
+
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed: Python's own import blocker
     with pytest.raises(ValueError, match=r"wandb requested but not installed: pip install raypipe\[trackers\]"):
-        config(str(tmp_path), "[tensorboard, wandb]")
+        preflight(config(str(tmp_path), "[tensorboard, wandb]"))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    remote = config("s3://bucket/run", "[mlflow]")
     with pytest.raises(ValueError, match="mlflow with a URL train.output .* needs MLFLOW_TRACKING_URI"):
-        config("s3://bucket/run", "[mlflow]")
+        preflight(remote)
+    assert RaypipeConfig.model_validate(remote.model_dump()) == remote

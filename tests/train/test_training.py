@@ -67,11 +67,11 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
         run_config(
             prepared,
             tmp_path,
-            "train.max_steps=100",  # the loss ratio is 0.52 at 100 steps with the 4,096-token draft vocabulary
-            "train.epochs=20",
-            "train.checkpoint_every=50",
-            "train.log_every=5",
-            "train.trackers=[tensorboard]",
+            "train.schedule.max_steps=100",  # the loss ratio is 0.52 at 100 steps with the 4,096-token draft vocabulary
+            "train.schedule.epochs=20",
+            "train.run.checkpoint_every=50",
+            "train.run.log_every=5",
+            "train.run.trackers=[tensorboard]",
         ),
         replies,
     )
@@ -105,7 +105,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
 
     # The export loads in vLLM as a DFlash drafter; speculative decoding runs and stays lossless (greedy, fp32).
     export = export_drafter(cfg)
-    assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.block_size - 1
+    assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.drafter.block_size - 1
     target = export["provenance"]["target_path"]
     prompts = [list(range(1000 + 40 * i, 1030 + 40 * i)) for i in range(4)]
     run_in_vllm = ray.remote(num_cpus=0.5, runtime_env={"env_vars": ENGINE_ENV})(generate_in_vllm)
@@ -113,12 +113,17 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     engine = engine_args(resolve_target(fp32), fp32)
     [greedy] = ray.get(
         run_in_vllm.remote(
-            engine, export["speculative_config"]["model"], cfg.train.block_size - 1, prompts, [0.0], max_tokens=24
+            engine,
+            export["speculative_config"]["model"],
+            cfg.train.drafter.block_size - 1,
+            prompts,
+            [0.0],
+            max_tokens=24,
         )
     )
     print(json.dumps(greedy.summary()))
-    assert greedy.drafts > 0 and greedy.draft_tokens == greedy.drafts * (cfg.train.block_size - 1)
-    assert len(greedy.accepted_per_position) == cfg.train.block_size - 1
+    assert greedy.drafts > 0 and greedy.draft_tokens == greedy.drafts * (cfg.train.drafter.block_size - 1)
+    assert len(greedy.accepted_per_position) == cfg.train.drafter.block_size - 1
     assert greedy.replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
 
 
@@ -142,7 +147,10 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     prepared: Path, replies, service, tmp_path: Path
 ) -> None:
     cfg = with_replies(
-        run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=8", "train.max_failures=2"), replies
+        run_config(
+            prepared, tmp_path, "train.schedule.epochs=1", "train.run.checkpoint_every=8", "train.run.max_failures=2"
+        ),
+        replies,
     )
     run = RunFolders.of(cfg)
 
@@ -161,7 +169,7 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     assert result.error is None and killed
     expected = Counter(_all_sample_ids(cfg))
     assert max(expected.values()) == 1
-    for epoch in range(cfg.train.epochs):
+    for epoch in range(cfg.train.schedule.epochs):
         segments = read_ledger(run.ledger, epoch)
         trained = Counter(sid for seg in segments for sid in seg["sample_ids"])
         assert trained == expected, (
@@ -187,7 +195,9 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
 def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
     prepared: Path, replies, service, tmp_path: Path
 ) -> None:
-    cfg = with_replies(run_config(prepared, tmp_path, "train.epochs=1", "train.checkpoint_every=6"), replies)
+    cfg = with_replies(
+        run_config(prepared, tmp_path, "train.schedule.epochs=1", "train.run.checkpoint_every=6"), replies
+    )
     run = RunFolders.of(cfg)
     replica = service.stats.remote().result()["pid"]
 
@@ -222,29 +232,29 @@ def test_s3_storage_hybrid_cache_fsdp2_then_an_offline_run_from_the_cache(
     common = [
         "train.output=s3://raypipe/runs/s3test",
         f"train.storage_options={options}",
-        "train.cache=s3://raypipe/cache/s3test",
-        "train.max_steps=6",
-        "train.checkpoint_every=3",
+        "train.states.cache=s3://raypipe/cache/s3test",
+        "train.schedule.max_steps=6",
+        "train.run.checkpoint_every=3",
     ]
     cfg = with_replies(
-        run_config(prepared, tmp_path, *common, "train.hidden_states=hybrid", "train.strategy=fsdp2"), replies
+        run_config(prepared, tmp_path, *common, "train.states.mode=hybrid", "train.run.strategy=fsdp2"), replies
     )
     assert train(cfg).error is None
     run = RunFolders.of(cfg)
     assert [s["step"] for s in read_training_curve(run.ledger)] == [3, 6]  # metrics reduced at each checkpoint
     assert run.ray_train.glob(f"{cfg.name}/checkpoint_*/drafter/model.safetensors"), "checkpoints are in the bucket"
-    cached = Storage(cfg.train.cache, s3_server).glob("*/*.pt")
+    cached = Storage(cfg.train.states.cache, s3_server).glob("*/*.pt")
     assert len(cached) > 0
     export = export_drafter(cfg)
     assert Storage(export["speculative_config"]["model"], s3_server).exists("model.safetensors")
 
     # Offline: the same steps read every state from the cache; the service is not asked (its request count stays put).
     before = service.stats.remote().result()["requests"]
-    offline = run_config(prepared, tmp_path, *common, "name=debug_cpu_offline", "train.hidden_states=offline")
+    offline = run_config(prepared, tmp_path, *common, "name=debug_cpu_offline", "train.states.mode=offline")
     assert train(offline).error is None
     assert [s["step"] for s in read_training_curve(RunFolders.of(offline).ledger)] == [3, 6]
     assert service.stats.remote().result()["requests"] == before
-    assert Storage(cfg.train.cache, s3_server).glob("*/*.pt") == cached
+    assert Storage(cfg.train.states.cache, s3_server).glob("*/*.pt") == cached
 
 
 def test_attaching_to_a_service_that_serves_another_target_is_refused(prepared: Path, service, tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ def test_the_most_frequent_tokens_are_kept_ties_to_the_lower_id_and_the_offsets_
     assert kept == [2, 5, 7] and vocab.t2d.nonzero().squeeze(-1).tolist() == kept and vocab.t2d.dtype == torch.bool
     filled = vocab_from_counts(counts, 6)  # fewer distinct tokens than asked: the lowest unused ids fill it
     assert (torch.arange(6) + filled.d2t).tolist() == [0, 1, 2, 5, 7, 9]
-    with pytest.raises(ValueError, match=r"train\.draft_vocab_size=11 must be in \[1, 10\]"):
+    with pytest.raises(ValueError, match=r"train\.drafter\.draft_vocab_size=11 must be in \[1, 10\]"):
         vocab_from_counts(counts, 11)
 
 
@@ -47,7 +47,9 @@ def test_a_reduced_drafter_keeps_the_targets_head_rows_saves_the_mapping_and_dra
     counts = np.zeros(full, np.int64)
     counts[np.arange(100, 100 + 3 * 300, 3)] = np.arange(300, 0, -1)  # 300 supervised tokens, spread over the ids
     vocab = vocab_from_counts(counts, 256)
-    tc = TrainConfig(output="unused", draft_layers=1, block_size=4, use_gpu=False, draft_vocab_size=256)
+    tc = TrainConfig(
+        output="unused", drafter={"draft_layers": 1, "block_size": 4, "draft_vocab_size": 256}, run={"use_gpu": False}
+    )
     drafter = build_drafter(target, tc, vocab)
     head = load_file(f"{target.path}/model.safetensors")["lm_head.weight"]
     assert drafter.lm_head.weight.shape == (256, target.shape.hidden_size)
