@@ -74,7 +74,8 @@ def test_fingerprints_ignore_a_rotated_secret_but_not_the_endpoint(tmp_path: Pat
         config(tmp_path, secret="rotated"),
         config(tmp_path, endpoint="http://10.0.0.1:9000"),
     )
-    assert train_fingerprint(cfg, "m") == train_fingerprint(rotated, "m") != train_fingerprint(moved, "m")
+    # Training's fingerprint covers what the drafter is trained on and with; where the run is stored is how it runs.
+    assert train_fingerprint(cfg, "m") == train_fingerprint(rotated, "m") == train_fingerprint(moved, "m")
     assert eval_fingerprint(cfg, "t") == eval_fingerprint(rotated, "t")
     assert prepare_fingerprint(cfg.data) == prepare_fingerprint(rotated.data) != prepare_fingerprint(moved.data)
 

@@ -153,6 +153,9 @@ def test_train_export_and_eval_chain_on_the_prepared_data_and_train_settings(tmp
     changed = StageLog(config(root, "train.optim.lr=0.01"))
     assert [changed.done(s) for s in ("train", "export", "eval")] == [None, None, None]
     assert StageLog(config(root, "eval.num_prompts=3")).done("train") is not None
+    # How the run executes re-runs nothing; what the drafter trains on (the served states' dtype) does.
+    assert StageLog(config(root, "train.run.num_workers=1", "train.run.log_every=3")).done("train") is not None
+    assert StageLog(config(root, "serve.dtype=float32")).done("train") is None
     assert StageLog(config(root, "eval.num_prompts=3")).done("eval") is None
     sha = hashlib.sha256(b"x").hexdigest()
     assert train_fingerprint(cfg, sha) != train_fingerprint(cfg, hashlib.sha256(b"y").hexdigest())
