@@ -504,19 +504,18 @@ class TrainConfig(_Strict):
     states: StatesConfig = Field(default_factory=StatesConfig, json_schema_extra=EXECUTION)
     run: RunConfig = Field(default_factory=RunConfig, json_schema_extra=EXECUTION)
 
-    def trained_settings(self) -> dict[str, Any]:
-        """The content sections as dotted keys (train.drafter.block_size, ...): what a checkpoint is the state of."""
-        return trained_settings(self.model_dump())
 
-
-def trained_settings(train: dict[str, Any]) -> dict[str, Any]:
-    """`trained_settings` of a dumped train config (a checkpoint's saved config.json): the content fields by
-    dotted key."""
-    return {
+def trained_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """What a drafter is trained on and with, by dotted key, from a dumped config (the run's, or a checkpoint's saved
+    config.json): the content fields of `serve` (the target, its layers, the dtype) and of `train`'s sections. The
+    train stage's fingerprint and the resume check both compare these; execution fields may change on a resume."""
+    serve = {f"serve.{key}": config["serve"].get(key) for key in content_fields(ServeConfig)}
+    train = {
         f"train.{section}.{key}": value
         for section in content_fields(TrainConfig)
-        for key, value in train.get(section, {}).items()
+        for key, value in config["train"].get(section, {}).items()
     }
+    return {**serve, **train}
 
 
 class EvalConfig(_Strict):

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raypipe.config import DataConfig, RaypipeConfig, content_dump
+from raypipe.config import DataConfig, RaypipeConfig, trained_settings
 from raypipe.layout import RunFolders
 
 
@@ -43,11 +43,9 @@ def prepare_fingerprint(cfg: DataConfig) -> str:
 
 def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
     """The prepared data by content (the manifest's digest covers every shard's checksum) and what the drafter is
-    trained on and with: the service's and train.*'s content fields. How the run executes (workers, resources,
-    intervals, where states come from) changes no drafter, so it re-runs nothing."""
-    return _digest(
-        {"manifest_sha256": manifest_sha256, "serve": content_dump(cfg.serve), "train": cfg.train.trained_settings()}
-    )
+    trained on and with (raypipe.config.trained_settings, as the resume check compares). How the run executes
+    (workers, resources, intervals, where states come from) changes no drafter, so it re-runs nothing."""
+    return _digest({"manifest_sha256": manifest_sha256, **trained_settings(cfg.public_dump())})
 
 
 def eval_fingerprint(cfg: RaypipeConfig, trained: str) -> str:

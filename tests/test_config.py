@@ -2,7 +2,16 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.config import RECIPES_DIR, DataConfig, TrainConfig, load_config, parse_overrides, role
+from raypipe.config import (
+    RECIPES_DIR,
+    DataConfig,
+    ServeConfig,
+    TrainConfig,
+    load_config,
+    parse_overrides,
+    role,
+    trained_settings,
+)
 from raypipe.preflight import preflight, problems
 
 ROLES = ("content", "execution")
@@ -57,19 +66,19 @@ def test_unknown_template_and_recipe_are_explained(tmp_path):
 def test_every_field_of_the_stage_configs_that_fingerprints_read_is_classified():
     """Fingerprints, the resume check and output_hash come from each field's role: a new field without one fails
     here instead of silently counting as content (a resume refused) or as execution (a changed run resumed)."""
-    for model in (DataConfig, TrainConfig):
+    for model in (DataConfig, ServeConfig, TrainConfig):
         unclassified = [name for name, field in model.model_fields.items() if role(field) not in ROLES]
         assert not unclassified, f"{model.__name__}: give {unclassified} json_schema_extra=CONTENT or EXECUTION"
-    trained = load_config("demo").train.trained_settings()
+    trained = trained_settings(load_config("demo").model_dump())
     assert trained["train.drafter.block_size"] == 4 and trained["train.optim.lr"] == 3e-3
     assert not any(k.startswith(("train.run.", "train.states.", "train.output")) for k in trained)
 
 
 def test_a_resume_may_change_how_the_run_executes_but_not_what_it_trains():
-    base = load_config("demo").train.trained_settings()
+    base = trained_settings(load_config("demo").model_dump())
     moved = load_config("demo", ["train.run.num_workers=4", "train.states.mode=online", "train.output=/elsewhere"])
-    assert moved.train.trained_settings() == base
-    assert load_config("demo", ["train.optim.lr=1e-3"]).train.trained_settings() != base
+    assert trained_settings(moved.model_dump()) == base
+    assert trained_settings(load_config("demo", ["train.optim.lr=1e-3"]).model_dump()) != base
 
 
 def test_the_config_module_imports_no_component():

@@ -26,7 +26,7 @@ import functools
 import math
 from typing import Any
 
-from raypipe.config import RaypipeConfig, ServeConfig, content_fields, trained_settings
+from raypipe.config import RaypipeConfig, trained_settings
 from raypipe.data.output import PreparedOutput
 from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
@@ -72,14 +72,9 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
 
 
 def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
-    """What a checkpoint is the state of, by dotted key: the prepared data, the service's and train.*'s content
-    fields (the target, its layers and dtype; raypipe.config.trained_settings); execution fields may change on a
-    resume."""
-    return {
-        "data manifest sha256": manifest_sha256,
-        **{f"serve.{key}": config["serve"].get(key) for key in content_fields(ServeConfig)},
-        **trained_settings(config["train"]),
-    }
+    """What a checkpoint is the state of, by dotted key: the prepared data and the content fields
+    (raypipe.config.trained_settings); execution fields may change on a resume."""
+    return {"data manifest sha256": manifest_sha256, **trained_settings(config)}
 
 
 def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) -> None:
