@@ -48,22 +48,12 @@ def steady(steps: list[dict], warmup: int) -> dict[str, float]:
     }
 
 
-def plain_loop(cfg, steps: int) -> list[dict]:
-    """The same work as one Ray Train worker, in this process, without Ray."""
-    import torch
-
-    from raypipe.storage import Storage
-    from raypipe.target import resolve_target
-    from raypipe.train.anchors import anchor_count, install_row_anchors
-    from raypipe.train.batches import drafter_inputs, pack_host
-    from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.plan import lr_factor, plan_epoch
+def first_epoch(cfg):
+    """The run's rows (replies loaded) and its first epoch's plan, as the trainers see them."""
+    from raypipe.train.plan import plan_epoch
     from raypipe.train.replies import open_rows
-    from raypipe.train.states import StateCache, stream_states
-    from raypipe.train.step import make_optimizer, precision, train_step
 
     tc = cfg.train
-    target = resolve_target(cfg.serve)
     rows = open_rows(cfg)
     rows.load_replies()
     plan = plan_epoch(
@@ -74,6 +64,25 @@ def plain_loop(cfg, steps: int) -> list[dict]:
         window=tc.schedule.shuffle_window,
         budget=tc.schedule.step_tokens,
     )
+    return rows, plan
+
+
+def plain_loop(cfg, steps: int) -> list[dict]:
+    """The same work as one Ray Train worker, in this process, without Ray."""
+    import torch
+
+    from raypipe.storage import Storage
+    from raypipe.target import resolve_target
+    from raypipe.train.anchors import anchor_count, install_row_anchors
+    from raypipe.train.batches import drafter_inputs, pack_host
+    from raypipe.train.drafter import build_drafter, step_kwargs
+    from raypipe.train.plan import lr_factor
+    from raypipe.train.states import StateCache, stream_states
+    from raypipe.train.step import make_optimizer, precision, train_step
+
+    tc = cfg.train
+    target = resolve_target(cfg.serve)
+    rows, plan = first_epoch(cfg)
     model = build_drafter(target, tc, None)
     install_row_anchors(model, tc.objective.max_anchors)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -120,20 +129,9 @@ def plain_loop(cfg, steps: int) -> list[dict]:
 def extraction_alone(cfg, handle, steps: int) -> float:
     """Seconds per pack when the service only extracts (4 requests in flight, as the trainer asks)."""
     from raypipe.serve.client import HiddenStateClient
-    from raypipe.train.plan import plan_epoch
-    from raypipe.train.replies import open_rows
 
     tc = cfg.train
-    rows = open_rows(cfg)
-    rows.load_replies()
-    plan = plan_epoch(
-        rows.shard_sizes,
-        rows.lengths(),
-        seed=tc.schedule.seed,
-        epoch=0,
-        window=tc.schedule.shuffle_window,
-        budget=tc.schedule.step_tokens,
-    )
+    rows, plan = first_epoch(cfg)
     batches = [[rows.row(int(i)).input_ids.tolist() for i in plan.packs[s]] for s in range(steps)]
     client = HiddenStateClient(handle, max_in_flight=tc.states.prefetch)
     list(client.stream(batches[:4]))  # warm-up
