@@ -26,7 +26,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from raypipe.config import RaypipeConfig, load_config
+from raypipe.config import RaypipeConfig, _set_path, load_config
 from raypipe.layout import RunFolders
 from raypipe.pipeline import run_pipeline
 from raypipe.train.ledger import read_training_curve
@@ -87,12 +87,6 @@ def _get(tree: Any, dotted: str) -> Any:
     return tree
 
 
-def _set(tree: Any, dotted: str, value: Any) -> None:
-    parent, _, last = dotted.rpartition(".")
-    node = _get(tree, parent) if parent else tree
-    node[int(last) if isinstance(node, list) else last] = value
-
-
 def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     """Every leaf setting by its dotted path (list items by index: data.sources.0.path)."""
     items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else None
@@ -115,19 +109,19 @@ def scaled_to_cpu(recipe: str, bucket: str, storage_options: dict[str, Any]) -> 
     if model not in FAMILY_TARGETS:
         raise AssertionError(f"{recipe} targets {model}: add its architecture family's built-in target to the rule")
     changed = {"serve.model", "data.tokenizer"}
-    _set(tree, "serve.model", FAMILY_TARGETS[model])
+    _set_path(tree, "serve.model", FAMILY_TARGETS[model])
     assert production["data"]["tokenizer"] == model, "the recipe's tokenizer is its model's"
-    _set(tree, "data.tokenizer", FAMILY_TARGETS[model])
+    _set_path(tree, "data.tokenizer", FAMILY_TARGETS[model])
     for key in LENGTHS:
         value = _get(production, key)
         assert value % LENGTH_SCALE == 0, f"{recipe}: {key}={value} is not a multiple of {LENGTH_SCALE}"
-        _set(tree, key, value // LENGTH_SCALE)
+        _set_path(tree, key, value // LENGTH_SCALE)
     for key, value in {**THIS_MACHINE, **RUN_LENGTH}.items():
-        _set(tree, key, free_port() if key == "serve.http_port" else value)
+        _set_path(tree, key, free_port() if key == "serve.http_port" else value)
     changed |= set(LENGTHS) | set(THIS_MACHINE) | set(RUN_LENGTH)
     for key, value in _flat(production).items():
         if _rebase(value, bucket) != value:
-            _set(tree, key, _rebase(value, bucket))
+            _set_path(tree, key, _rebase(value, bucket))
             changed.add(key)
     for section in ("data", "train"):
         tree[section]["storage_options"] = storage_options
