@@ -29,6 +29,7 @@ import pytest
 from raypipe.config import RaypipeConfig, _set_path, load_config
 from raypipe.layout import RunFolders
 from raypipe.pipeline import run_pipeline
+from raypipe.train.contract_sides import read_drafter
 from raypipe.train.ledger import read_training_curve
 from raypipe.train.replies import open_rows
 from tests.conftest import free_port, qwen_spec
@@ -165,12 +166,6 @@ def _text(rng: random.Random, tokens: int) -> str:
     return " ".join(words)
 
 
-def safetensors_shapes(data: bytes) -> dict[str, list[int]]:
-    """Tensor shapes from a safetensors file's header (an 8-byte length, then JSON)."""
-    size = int.from_bytes(data[:8], "little")
-    return {k: v["shape"] for k, v in json.loads(data[8 : 8 + size]).items() if k != "__metadata__"}
-
-
 def long_corpus(max_length: int, count: int, seed: int = 0) -> list[dict[str, Any]]:
     """`count` conversations of each kind, all longer than `max_length` tokens once rendered:
     - complete: a user turn of max_length / 2 tokens and a reply of max_length: cut inside the reply;
@@ -241,7 +236,7 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     assert config["block_size"] == cfg.train.drafter.block_size and config["draft_vocab_size"] == vocab
     assert config["transformer_layer_config"]["num_hidden_layers"] == cfg.train.drafter.draft_layers
     assert not any(k.startswith("mrope") for k in config["transformer_layer_config"]["rope_parameters"])
-    weights = safetensors_shapes(drafter.read("model.safetensors"))
+    weights = read_drafter(drafter).tensors
     assert "lm_head.weight" not in weights and "d2t" not in weights, "a full-vocabulary drafter uses the target's head"
     assert drafter.read_json("export.json")["contract"]["verdict"] == "ok"  # what it trained with is what vLLM applies
 
