@@ -190,7 +190,7 @@ class ServeConfig(_Strict):
     layer_ids: list[int] | None = Field(
         json_schema_extra=CONTENT,
         default=None,
-        description="Layer ids to serve (vLLM's convention, see raypipe/serve/layers.py); default: DFlash's five aux "
+        description="Layer ids to serve (vLLM's convention, see raypipe/target.py); default: DFlash's five aux "
         "layers and the last.",
     )
     dtype: str = Field(json_schema_extra=CONTENT, default="auto", description="Engine dtype (auto, bfloat16, float32).")

@@ -46,7 +46,7 @@ SHAPE_FIX = "check serve.layer_ids and the engine's hidden size"
 REFERENCE_FIX = "the transformers reference itself is unusable there: check the target's weights"
 NON_FINITE_FIX = "the engine overflowed or read unwritten memory: check serve.dtype"
 ZERO_FIX = "the engine left those states unwritten (older vLLM did on hybrid layers; raypipe pins vllm 0.32)"
-ERROR_FIX = "check the layer mapping (raypipe.serve.layers) and the final norm"
+ERROR_FIX = "check the layer mapping (raypipe.target) and the final norm"
 
 
 def canary_prompts(vocab_size: int, max_len: int | None = None) -> list[list[int]]:
@@ -58,7 +58,7 @@ def canary_prompts(vocab_size: int, max_len: int | None = None) -> list[list[int
 
 def layer_kinds(shape: TargetShape, layer_ids: tuple[int, ...]) -> tuple[str, ...] | None:
     """What each served id is on a hybrid target, where a failure that follows the layer kind is the tell; None on a
-    target of one kind. Id i is decoder layer i-1's output (raypipe.serve.layers)."""
+    target of one kind. Id i is decoder layer i-1's output (raypipe.target)."""
     if not shape.hybrid:
         return None
     return tuple("embeddings" if i == 0 else f"{shape.layer_types[i - 1]} output" for i in layer_ids)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from raypipe.serve.engine import Sampling
-from raypipe.serve.layers import check_layer_ids
+from raypipe.target import check_layer_ids
 
 
 def decoder_parts(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.ModuleList]:

@@ -1,6 +1,6 @@
 """Production engine: the target in vLLM's asynchronous engine, hidden states through `extract_hidden_states`.
 
-vLLM computes the configured layers' residual streams (raypipe.serve.layers
+vLLM computes the configured layers' residual streams (raypipe.target
 convention, which is vLLM's own) during prefill, and raypipe's connector
 writes them per request to this replica's directory in shared memory
 (raypipe.serve.transport hands each file on). Every request, extraction or

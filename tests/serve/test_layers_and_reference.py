@@ -6,7 +6,7 @@ from transformers import AutoModelForCausalLM
 
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from raypipe.serve.layers import check_layer_ids, default_layer_ids
+from raypipe.target import check_layer_ids, default_layer_ids
 
 BATCH = [[9707, 1879], [151644, 872, 198, 3838, 374, 220, 17, 10, 17, 30, 151645, 198], list(range(100, 137))]
 
