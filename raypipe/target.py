@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raypipe.assets import TOKENIZER_DIR
+
 if TYPE_CHECKING:
     from raypipe.config import ServeConfig
 
@@ -84,9 +86,6 @@ class TargetShape:
     def state_bytes_per_token(self, num_layer_ids: int, dtype_bytes: int = 2) -> int:
         """Bytes of served hidden states per token: one hidden vector per served layer id."""
         return num_layer_ids * self.hidden_size * dtype_bytes
-
-
-TOKENIZER_DIR = "tokenizer"
 
 
 def tokenizer_path(model: str) -> str:

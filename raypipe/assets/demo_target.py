@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
+from raypipe.assets import TOKENIZER_DIR
 from raypipe.assets.qwen_vocab import write_dir_atomically
 from raypipe.assets.templates import load_template
 from raypipe.progress import progress
-from raypipe.target import TOKENIZER_DIR
 
 DEMO_TARGET_VERSION = "1"
 ARCHITECTURES = ("qwen3", "qwen36")
