@@ -626,8 +626,20 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r} must look like key=value, e.g. data.max_length=4096")
-        pairs.append((key.strip(), yaml.safe_load(raw) if raw else ""))
+        pairs.append((key.strip(), _override_value(item, raw)))
     return pairs
+
+
+def _override_value(item: str, raw: str) -> Any:
+    """The override's value as YAML, or one line naming the override and YAML's complaint."""
+    try:
+        return yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise ValueError(
+            f"override {item!r} is not valid YAML ({problem}); quote it for the shell and complete it, e.g. "
+            "'data.sources=[{path: data/x.jsonl}]'"
+        ) from None
 
 
 def recipe_path(recipe: str) -> Path:

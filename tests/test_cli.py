@@ -29,6 +29,13 @@ def test_invalid_override_fails_early_naming_the_field():
     assert "Traceback" not in out.stderr
 
 
+def test_unparsable_override_is_one_line_naming_it():
+    out = run("-m", "raypipe.cli", "prepare", "--recipe", "demo", "data.sources=[{path:")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [out.stderr.strip()]  # one line, no parser traceback
+    assert "override 'data.sources=[{path:' is not valid YAML" in out.stderr
+
+
 def test_missing_input_is_explained(tmp_path):
     out = run(
         "-m",
