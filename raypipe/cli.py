@@ -8,24 +8,31 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from raypipe.console import logger
+
 if TYPE_CHECKING:
     from raypipe.config import RaypipeConfig
 
 OVERRIDES_HELP = "key=value overrides of the recipe, e.g. data.output=/tmp/out data.max_length=4096"
 
 
-def _connect_ray(args: argparse.Namespace) -> None:
-    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one; the job's workers get the
-    verbosity (raypipe.progress) in their environment."""
+def _connect_ray(args: argparse.Namespace, cfg: RaypipeConfig) -> None:
+    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one. Unless --verbose, this process
+    and every worker of the job send the libraries' logs to the run's log folder (raypipe.console)."""
     import ray
 
-    from raypipe.progress import job_env
+    from raypipe.console import job_env, quiet_process
+    from raypipe.layout import log_dir
 
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "1")  # the dashboard's Train view shows the runs
-    env = job_env(args.verbose)
+    env = job_env(args.verbose, log_dir(cfg))
     os.environ.update(env)  # read here too
+    logs = quiet_process("driver")
     if not ray.is_initialized():
-        ray.init(logging_level="INFO" if args.verbose else "WARNING", runtime_env={"env_vars": env})
+        runtime_env = {"env_vars": env, "worker_process_setup_hook": "raypipe.console.quiet_worker"}
+        ray.init(logging_level="INFO" if args.verbose else "WARNING", runtime_env=runtime_env)
+    if logs is not None:
+        logger(args.command).info(f"libraries' logs: {logs.parent} (--verbose prints them here)")
 
 
 def _config(args: argparse.Namespace) -> RaypipeConfig:
@@ -49,7 +56,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_sources(cfg.data.sources, cfg.data.storage_options)
-    _connect_ray(args)
+    _connect_ray(args, cfg)
     manifest = run_prepare(cfg.data)  # prints its summary line
     _details(args, {"output": cfg.data.output, **manifest["counts"], "rejects_by_code": manifest["rejects_by_code"]})
     return 0
@@ -59,11 +66,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from raypipe.serve.deployment import run_service
 
     cfg = _config(args)
-    _connect_ray(args)
-    print(
-        f"[serve] hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states "
-        "(health, stats, canary)",
-        flush=True,
+    _connect_ray(args, cfg)
+    logger("serve").info(
+        f"hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states "
+        "(health, stats, canary)"
     )
     run_service(cfg.serve, blocking=True)
     return 0
@@ -74,10 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     from raypipe.train.export import export_drafter
 
     cfg = _config(args)
-    _connect_ray(args)
+    _connect_ray(args, cfg)
     m = train_stage(cfg)
     doc = export_drafter(cfg)
-    print(f"[train] done: step {m['step']}, loss {m['loss']:.4f}, τ~{m['tau_estimate']:.2f} (the last interval)")
+    logger("train").info(f"done: step {m['step']}, loss {m['loss']:.4f}, τ~{m['tau_estimate']:.2f} (the last interval)")
     _print_export(doc)
     _details(args, {"metrics": m, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]})
     return 0
@@ -86,12 +92,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _print_export(doc: dict[str, Any]) -> None:
     drafter = doc["speculative_config"]["model"]
     checks = sum(len(item) for item in doc["contract"]["items"].values())
-    print(f"[export] drafter:  {drafter}")
-    print(
-        f"[export] contract: {checks} checks of what it trained with against what vLLM will apply pass "
+    logger("export").info(f"drafter:  {drafter}")
+    logger("export").info(
+        f"contract: {checks} checks of what it trained with against what vLLM will apply pass "
         f"(export.json); before serving elsewhere: raypipe check-drafter {drafter}"
     )
-    print(f"[export] serve it: {doc['vllm_command']}")
+    logger("export").info(f"serve it: {doc['vllm_command']}")
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -108,20 +114,20 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from raypipe.eval.evaluate import run_evaluation
 
     cfg = _config(args)
-    _connect_ray(args)
+    _connect_ray(args, cfg)
     doc = run_evaluation(cfg)
     for g in doc["vllm"]:
-        print(
-            f"[eval] temperature {g['temperature']:g}: τ {g['tau']:.2f}, "
+        logger("eval").info(
+            f"temperature {g['temperature']:g}: τ {g['tau']:.2f}, "
             f"acceptance by position {[round(r, 3) for r in g['acceptance_per_position']]}, "
             f"{g['tokens_per_s']:.0f} tokens/s ({g['speedup']:.2f}x without the drafter)"
         )
-    print(
-        f"[eval] untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; "
+    logger("eval").info(
+        f"untrained drafter τ {doc['vllm_untrained_drafter']['tau']:.2f}; "
         f"offline replay τ {doc['offline_replay']['tau']:.2f}; "
         f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}"
     )
-    print(f"[eval] report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
+    logger("eval").info(f"report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
     return 0
 
 
@@ -131,7 +137,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     check_sources(cfg.data.sources, cfg.data.storage_options)
-    _connect_ray(args)
+    _connect_ray(args, cfg)
     done = run_pipeline(cfg)
     ev, tr = done["eval"], done["train"]
     where = (
@@ -139,14 +145,14 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
         if ev.get("tau_method", "vllm") == "vllm"
         else "from the offline replay: vLLM refused the drafter, see eval.json"
     )
-    print(
-        f"[pipeline] {cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
+    logger("pipeline").info(
+        f"{cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
         + (" — an estimate DISAGREES with vLLM, see eval.json" if ev["disagreement"] else "")
     )
-    print(f"[pipeline] drafter:   {done['export']['drafter']}")
-    print(f"[pipeline] eval.json: {ev['output']}/eval.json")
-    print(f"[pipeline] plots:     {', '.join(ev['plots'])}")
-    print(f"[pipeline] serve it:  {done['export']['vllm_command']}")
+    logger("pipeline").info(f"drafter:   {done['export']['drafter']}")
+    logger("pipeline").info(f"eval.json: {ev['output']}/eval.json")
+    logger("pipeline").info(f"plots:     {', '.join(ev['plots'])}")
+    logger("pipeline").info(f"serve it:  {done['export']['vllm_command']}")
     return 0
 
 
@@ -175,7 +181,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from raypipe.config import RECIPES_DIR
-    from raypipe.progress import verbose
+    from raypipe.console import verbose
 
     parser = argparse.ArgumentParser(prog="raypipe", description="Train DFlash drafters for chat models on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)

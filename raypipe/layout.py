@@ -12,6 +12,8 @@
       mlflow/, wandb/        MLflow's file store and W&B's offline runs, when their trackers write locally
       drafter/               the exported drafter (raypipe.train.export)
       eval/                  eval.json and plots, unless `eval.output` is set (raypipe.eval.evaluate)
+      logs/{name}/           the libraries' logs, one file per process (raypipe.console), where train.output is
+                             local; else a local folder of each node (`log_dir`)
 
 The prepared data (`data.output`, raypipe.data.output) and the state cache
 (`train.states.cache`, raypipe.train.states) have settings of their own. A local
@@ -21,10 +23,12 @@ working directory.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from raypipe.config import RaypipeConfig
-from raypipe.storage import Storage, absolute
+from raypipe.storage import Storage, absolute, is_url
 
 
 @dataclass(frozen=True)
@@ -79,3 +83,11 @@ def eval_output(cfg: RaypipeConfig) -> Storage:
     if cfg.eval.output:
         return Storage(absolute(cfg.eval.output), cfg.train.storage_options)
     return RunFolders.of(cfg).eval
+
+
+def log_dir(cfg: RaypipeConfig) -> str:
+    """The run's log folder on each node: `{train.output}/logs/{name}` where train.output is local, else
+    `{tmp}/raypipe-logs/{name}` (processes append to their log files, which object stores cannot take)."""
+    if is_url(cfg.train.output):
+        return str(Path(tempfile.gettempdir()) / "raypipe-logs" / cfg.name)
+    return str(Path(absolute(cfg.train.output)) / "logs" / cfg.name)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from raypipe.config import DataConfig, RaypipeConfig, trained_settings
+from raypipe.console import logger
 from raypipe.layout import RunFolders
 
 
@@ -107,11 +108,11 @@ def train_stage(cfg: RaypipeConfig) -> dict[str, Any]:
     if cfg.train.states.mode != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
         started = handle is None
-        print(f"[train] {'starting' if started else 'attached to'} the hidden-state service", flush=True)
+        logger("train").info(f"{'starting' if started else 'attached to'} the hidden-state service")
         if started:
             handle = ensure_service(cfg.serve)
         canary = handle.stats.remote().result()["canary"]
-        print(f"[train] service {canary or 'canary off'}", flush=True)
+        logger("train").info(f"service {canary or 'canary off'}")
     try:
         result = run_training(cfg)
     finally:
@@ -152,13 +153,13 @@ def run_pipeline(cfg: RaypipeConfig) -> dict[str, dict[str, Any]]:
     for stage, run in _stages(cfg).items():
         record = log.done(stage)
         if record is not None:
-            print(f"[pipeline] {stage}: done earlier with this config, skipped", flush=True)
+            logger("pipeline").info(f"{stage}: done earlier with this config, skipped")
             summaries[stage] = record["summary"]
             continue
-        print(f"[pipeline] {stage}: running", flush=True)
+        logger("pipeline").info(f"{stage}: running")
         start = time.perf_counter()
         summaries[stage] = run()
         seconds = time.perf_counter() - start
         log.mark(stage, seconds, summaries[stage])
-        print(f"[pipeline] {stage}: done in {seconds:.0f} s", flush=True)
+        logger("pipeline").info(f"{stage}: done in {seconds:.0f} s")
     return summaries

@@ -1,9 +1,4 @@
-"""What a run prints: short lines and progress bars, and everything else with `--verbose`.
-
-By default each stage says what it does in short lines (stage name, counts, rates, ETA); Ray's, Ray Train's and
-vLLM's own INFO logs stay in Ray's log files (`/tmp/ray/session_latest/logs`). `raypipe ... --verbose` sets
-RAYPIPE_VERBOSE=1 in the job's runtime env, so every Ray worker of the job reads it too, and prints them as well,
-with the full result documents.
+"""Progress bars: a stage's counts with their rate and ETA (what else a run prints: raypipe.console).
 
 Progress bars are tqdm. On a terminal a bar redraws in place. Anywhere else (inside a Ray worker, whose output Ray
 forwards to the driver line by line; under `ray job logs`; into a file) it prints one plain line every
@@ -14,44 +9,13 @@ and a driver without a terminal still writes carriage returns.
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 from tqdm import tqdm
 
-VERBOSE = "RAYPIPE_VERBOSE"
 LINE_EVERY_S = 30.0
-
-
-def verbose() -> bool:
-    return os.environ.get(VERBOSE) == "1"
-
-
-def job_env(verbose: bool) -> dict[str, str]:
-    """Environment variables for every Ray worker of a job the CLI starts: the verbosity, and unless verbose, errors
-    only from vLLM's logger and loguru's (speculators'), and no Hugging Face progress bars (transformers' bars
-    while a checkpoint is saved, in carriage returns). One already set (by the user, or by the runtime env of
-    `ray job submit`) is left as it is."""
-    wanted = {
-        VERBOSE: "1" if verbose else "0",
-        "VLLM_LOGGING_LEVEL": "INFO" if verbose else "ERROR",
-        "LOGURU_LEVEL": "INFO" if verbose else "ERROR",
-        "HF_HUB_DISABLE_PROGRESS_BARS": "0" if verbose else "1",
-    }
-    return {k: v for k, v in wanted.items() if k not in os.environ}
-
-
-def quiet_train_worker() -> None:
-    """In a Ray Train worker, unless verbose: Ray Train's INFO records (every report's metrics and checkpoint, logged
-    by a logger named after its file, which `RunConfig(logging_config=...)` does not reach) stay in its log files."""
-    if verbose():
-        return
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            handler.setLevel(logging.WARNING)
 
 
 class _Lines:

@@ -35,6 +35,7 @@ import torch
 from raypipe.assets import TOKENIZER_DIR
 from raypipe.assets.qwen_vocab import write_dir_atomically
 from raypipe.assets.templates import load_template
+from raypipe.console import logger
 from raypipe.progress import progress
 
 DEMO_TARGET_VERSION = "1"
@@ -269,7 +270,7 @@ def build_demo_target(output_dir: str | os.PathLike[str], seed: int = 0, arch: s
         if out.exists() and any(out.iterdir()):
             raise ValueError(f"{out} is not empty and holds no demo target; pass a new or empty directory")
 
-        print(f"[demo target] not built yet: training it once ({arch}), into {out}", flush=True)
+        logger("demo_target").info(f"not built yet: training it once ({arch}), into {out}")
 
         def write(tmp: Path) -> None:
             train_demo_target(tmp, seed, arch)

@@ -29,6 +29,7 @@ from ray.data import ActorPoolStrategy
 from ray.util.metrics import Counter
 
 from raypipe.config import DataConfig
+from raypipe.console import logger
 from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import Chunk, plan_chunks, unmatched_files
@@ -91,7 +92,7 @@ def run_prepare(cfg: DataConfig) -> dict[str, Any]:
 def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]]:
     """`run_prepare`, and where this run's time went (`_run_actors`; empty when every shard was done already)."""
     tok, spec = resolve_tokenizer(cfg)
-    print(f"[prepare] chat template rendered by {spec.template_engine_note}; {spec.incremental_note}")
+    logger("prepare").info(f"chat template rendered by {spec.template_engine_note}; {spec.incremental_note}")
     deps = dependencies(cfg, spec)  # before planning: it drops cached listings of the inputs
     output = PreparedOutput.of(cfg)
     plan = output.planned_chunks(deps)  # a resumed run keeps its shards
@@ -101,25 +102,21 @@ def run_prepare_timed(cfg: DataConfig) -> tuple[dict[str, Any], dict[str, float]
     unmatched = unmatched_files(cfg.sources, cfg.storage_options)
     if unmatched:
         shown = ", ".join(unmatched[:20]) + (f" and {len(unmatched) - 20} more" if len(unmatched) > 20 else "")
-        print(
-            f"[prepare] warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}",
-            flush=True,
+        logger("prepare").warning(
+            f"warning: {len(unmatched)} files under data.sources are not read (another suffix): {shown}"
         )
     output.start({**deps, "chunks": [c.to_dict() for c in plan]}, tok)
     todo = [c for c in plan if not output.is_done(c.index)]
-    print(
-        f"[prepare] {len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do", flush=True
-    )
+    logger("prepare").info(f"{len(plan)} shards planned, {len(plan) - len(todo)} already complete, {len(todo)} to do")
     timing = _run_actors(cfg, spec, todo) if todo else {}
     output.refresh()  # the actors wrote stats/ from other processes: a listing cached here would hide their files
     end_of_turn = {"token": spec.end_of_turn, "id": spec.end_of_turn_id}
     manifest = output.write_manifest(plan, deps, end_of_turn, unmatched)
     c = manifest["counts"]
-    print(
-        f"[prepare] rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected "
+    logger("prepare").info(
+        f"rows in {c['rows_in']} (+{c['split_extra']} per-turn) = kept {c['rows_kept']} + rejected "
         f"{c['rows_rejected']}; {c['tokens']} tokens, {c['needs_response']} rows need a response; manifest at "
-        f"{output.url}/manifest.json",
-        flush=True,
+        f"{output.url}/manifest.json"
     )
     return manifest, timing
 
@@ -146,9 +143,8 @@ def _run_actors(cfg: DataConfig, spec: TokenizerSpec, todo: list[Chunk]) -> dict
         bar.update()
     bar.close()
     wall = time.monotonic() - start
-    print(
-        f"[prepare] {len(todo)} shards in {wall:.1f} s on {actors} actors: {actor_s:.1f} s of the actors' own work "
-        f"({100 * actor_s / (actors * wall):.0f}% of their time), the rest Ray Data and the actors' start-up",
-        flush=True,
+    logger("prepare").info(
+        f"{len(todo)} shards in {wall:.1f} s on {actors} actors: {actor_s:.1f} s of the actors' own work "
+        f"({100 * actor_s / (actors * wall):.0f}% of their time), the rest Ray Data and the actors' start-up"
     )
     return {"wall_s": wall, "actor_s": actor_s, "actors": actors}

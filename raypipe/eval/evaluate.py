@@ -31,6 +31,7 @@ from typing import Any
 import ray
 
 from raypipe.config import RaypipeConfig, ServeConfig
+from raypipe.console import logger
 from raypipe.eval.offline import Replay, load_drafter, replay, step_seconds
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import (
@@ -235,7 +236,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     temps = cfg.eval.temperatures
     hosts = EngineHosts(cfg.serve)
     try:
-        print(f"[eval] 1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}", flush=True)
+        logger("eval").info(f"1/4 vLLM with the trained drafter: {len(prompts)} prompts at temperatures {temps}")
         trained: list[Generation] = []
         refused, fixes = None, []
         try:
@@ -244,25 +245,24 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             if isinstance(err.cause, ContractError):
                 raise err.cause from None  # before the engine started: fail fast with the named mismatches
             refused = _refusal(err)
-            print(
-                f"[eval] vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay",
-                flush=True,
+            logger("eval").info(
+                f"vLLM refused the DFlash drafter with this target: {refused}; τ comes from the offline replay"
             )
-        print("[eval] 2/4 vLLM without a drafter (the tokens/s baseline)", flush=True)
+        logger("eval").info("2/4 vLLM without a drafter (the tokens/s baseline)")
         plain, _ = hosts.call(_generate, config, None, prompts, groups, temps)
         untrained = None
         if refused is None:
-            print("[eval] 3/4 vLLM with an untrained drafter (the floor)", flush=True)
+            logger("eval").info("3/4 vLLM with an untrained drafter (the floor)")
             [untrained], _ = hosts.call(_generate, config, UNTRAINED, prompts, groups, [0.0])
         replies = {g.temperature: g.replies for g in trained} or {
             0.0: next(g for g in plain if g.temperature == 0).replies
         }
-        print(f"[eval] 4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}", flush=True)
+        logger("eval").info(f"4/4 offline replay of vLLM's replies at temperatures {sorted(replies)}")
         offline, draft_vocab = hosts.call(_offline, config, prompts, replies)
 
         latency: list[dict[str, Any]] = []
         if cfg.eval.concurrency:
-            print(f"[eval] latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}", flush=True)
+            logger("eval").info(f"latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}")
             for drafter in ([TRAINED] if refused is None else []) + [None]:
                 latency += hosts.call(_latency, config, drafter, prompts)
     finally:
@@ -307,10 +307,9 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
     out.write_json("eval.json", doc)
     for c in doc["comparisons"]:
         if c["flagged"]:
-            print(
-                f"[eval] DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} "
-                f"({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)",
-                flush=True,
+            logger("eval").warning(
+                f"DISAGREEMENT: {c['estimate']} τ {c['tau']:.2f} vs vLLM {c['vllm_tau']:.2f} "
+                f"({100 * c['relative_gap']:.0f}% > {100 * cfg.eval.threshold:.0f}%)"
             )
     _await_metrics_export(recorded)
     return doc

@@ -25,6 +25,8 @@ import time
 import urllib.request
 from typing import Any
 
+from raypipe.console import logger
+
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts_total": "drafts",
     "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
@@ -185,11 +187,10 @@ def sweep(
                 requests, seconds = asyncio.run(_level(url, engine["model"], prompts, concurrency, max_tokens))
                 row = level_summary(requests, seconds, before, parse_counters(_get(f"{url}/metrics")))
                 rows.append({"drafter": label, "concurrency": concurrency, **row})
-                print(
-                    f"[eval] latency, {label} drafter, concurrency {concurrency}: "
+                logger("eval").info(
+                    f"latency, {label} drafter, concurrency {concurrency}: "
                     f"TPOT {row['tpot_ms']['mean']:.1f} ms, TTFT {row['ttft_ms']['mean']:.1f} ms, "
-                    f"{row['tokens_per_s']:.0f} tokens/s",
-                    flush=True,
+                    f"{row['tokens_per_s']:.0f} tokens/s"
                 )
             return rows
         finally:

@@ -50,6 +50,7 @@ def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
         "enforce_eager": cfg.enforce_eager,
         "enable_prefix_caching": False,
         "disable_log_stats": False,  # the spec-decode counters the evaluation reads
+        "use_tqdm_on_load": False,  # its bar of loading weights, per engine, would go to the console (raypipe.console)
         "seed": 0,
     }
     if cfg.kv_cache_gib is not None:

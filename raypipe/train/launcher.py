@@ -137,7 +137,7 @@ def best_checkpoint(cfg: RaypipeConfig) -> Storage:
 def run_config(cfg: RaypipeConfig) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, LoggingConfig, RunConfig
 
-    from raypipe.progress import verbose
+    from raypipe.console import verbose
 
     storage, pyarrow_fs = _train_storage(cfg)
     return RunConfig(

@@ -43,8 +43,9 @@ import torch.distributed as dist
 
 from raypipe import __version__
 from raypipe.config import RaypipeConfig
+from raypipe.console import logger, quiet_console_handlers
 from raypipe.layout import RunFolders
-from raypipe.progress import duration, quiet_train_worker
+from raypipe.progress import LINE_EVERY_S, duration
 from raypipe.serve.transport import reclaim_orphans, release_owner
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
@@ -87,7 +88,7 @@ class Worker:
         from raypipe.serve.client import HiddenStateClient
         from raypipe.serve.deployment import APP_NAME
 
-        quiet_train_worker()
+        quiet_console_handlers()
         self.cfg = cfg
         ctx = ray.train.get_context()
         self.rank, self.world = ctx.get_world_rank(), ctx.get_world_size()
@@ -175,6 +176,7 @@ class Trainer:
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
         self.trackers = Trackers.start(w.cfg) if w.rank == 0 else None  # beside the Prometheus metrics
         self.started = (time.perf_counter(), self.state.step)  # the progress lines' rate and ETA
+        self.last_line = 0.0
         self.metrics = StepMetrics(w.device)
         self.since_checkpoint = {
             "loss": 0.0,
@@ -223,7 +225,10 @@ class Trainer:
             self.prometheus.record(m)
             self.trackers.log(tracked(m), self.state.step)
             self.ledger.log(m)
-            print(self.progress_line(m), flush=True)
+            now = time.perf_counter()
+            if now - self.last_line >= LINE_EVERY_S or self.state.step >= self.total_steps:
+                self.last_line = now  # every interval goes to the trackers; the console gets a line every 30 s
+                logger("train").info(self.progress_line(m))
         return m
 
     def progress_line(self, m: dict[str, float]) -> str:
@@ -233,7 +238,7 @@ class Trainer:
         rate = (step - first) / max(time.perf_counter() - since, 1e-9)
         skipped = f", skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
         return (
-            f"[train] step {step}/{total} ({100 * step / total:.0f}%) epoch {self.state.epoch}: loss {m['loss']:.4f}, "
+            f"step {step}/{total} ({100 * step / total:.0f}%) epoch {self.state.epoch}: loss {m['loss']:.4f}, "
             f"τ~{m['tau_estimate']:.2f}, {m['tokens_per_s']:.0f} tok/s, wait {100 * m['wait_fraction']:.0f}%{skipped}; "
             f"{rate:.2f} steps/s, {duration((total - step) / rate) if rate > 0 else '?'} left"
         )

@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from raypipe.config import RaypipeConfig
+from raypipe.console import logger
 from raypipe.data.output import PreparedOutput
 from raypipe.layout import RunFolders
 from raypipe.progress import progress
@@ -146,10 +147,9 @@ def run_replies(cfg: RaypipeConfig) -> dict[str, Any]:
     engines = min(cfg.serve.max_replicas, len(todo))
     check_engine_memory(cfg.serve, engines)  # before any engine starts, with the numbers if they cannot fit
     wanted = sum(int(rows.needs_response[rows.offsets[s] : rows.offsets[s + 1]].sum()) for s in todo)
-    print(
-        f"[replies] {wanted} on-policy replies to generate ({len(todo)} shards): {engines} vLLM engine(s), up to "
-        f"{cfg.train.run.reply_max_sequences} sequences each",
-        flush=True,
+    logger("replies").info(
+        f"{wanted} on-policy replies to generate ({len(todo)} shards): {engines} vLLM engine(s), up to "
+        f"{cfg.train.run.reply_max_sequences} sequences each"
     )
     writer = ray.remote(**engine_process_options(cfg.serve))(ReplyWriter)  # vLLM's own error surfaces here
     actors = [writer.remote(cfg.model_dump()) for _ in range(engines)]

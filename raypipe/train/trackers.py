@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from raypipe.config import RaypipeConfig
+from raypipe.console import logger
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, is_url
 
@@ -87,7 +88,7 @@ class TensorBoard:
         self.writer = SummaryWriter(log_dir=str(directory))
         for summary in hparams(params, {"loss": float("nan")}):  # declares loss as the HPARAMS tab's metric
             self.writer.file_writer.add_summary(summary)
-        print(f"[train] TensorBoard: tensorboard --logdir {folder.url}", flush=True)
+        logger("train").info(f"TensorBoard: tensorboard --logdir {folder.url}")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         for key, value in scalars.items():
@@ -120,7 +121,7 @@ class WandB:
             settings=wandb.Settings(console="off"),  # the worker's output already goes to Ray's logs
         )
         offline = f"{Path(self.run.dir).parent} (offline: `wandb sync` uploads it)"
-        print(f"[train] W&B run: {offline if self.run.offline else self.run.url}", flush=True)
+        logger("train").info(f"W&B run: {offline if self.run.offline else self.run.url}")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         self.run.log(scalars, step=step)
@@ -150,7 +151,7 @@ class MLflow:
         items = [Param(k, str(v)) for k, v in params.items()]
         for i in range(0, len(items), 100):  # MLflow takes up to 100 params per batch
             self.client.log_batch(self.run_id, params=items[i : i + 100])
-        print(f"[train] MLflow run {self.run_id} at {uri}", flush=True)
+        logger("train").info(f"MLflow run {self.run_id} at {uri}")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from raypipe.config import RaypipeConfig
+from raypipe.console import logger
 from raypipe.layout import RunFolders
 from raypipe.train.rows import PreparedRows
 
@@ -84,10 +85,8 @@ def prepare_draft_vocab(cfg: RaypipeConfig, rows: PreparedRows, vocab_size: int)
     np.savez(buf, t2d=vocab.t2d.numpy(), d2t=vocab.d2t.numpy(), manifest_sha256=np.asarray(rows.manifest_sha256))
     RunFolders.of(cfg).vocab.write(_file(cfg), buf.getvalue())
     share = counts[vocab.t2d.numpy()].sum() / max(counts.sum(), 1)
-    print(
-        f"[train] draft vocabulary: {vocab.size:,} of {vocab_size:,} tokens, covering {share:.1%} of the supervised "
-        "tokens",
-        flush=True,
+    logger("train").info(
+        f"draft vocabulary: {vocab.size:,} of {vocab_size:,} tokens, covering {share:.1%} of the supervised tokens"
     )
     return vocab
 
