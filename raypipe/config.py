@@ -25,6 +25,14 @@ LOSSES = ("ce", "kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid")
 _SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature", "connection_string")
 
 
+def fingerprint(doc: Any) -> str:
+    """The one digest of raypipe's fingerprints (output hashes, the pipeline's stages, the tokenizer and template):
+    the first 16 hex digits of the sha256 of `doc` as canonical JSON (sorted keys, str() for what JSON lacks), or of
+    a string's own text."""
+    text = doc if isinstance(doc, str) else json.dumps(doc, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def redact(doc: Any) -> Any:
     """A copy of a config dump with every credential under `storage_options` replaced by a constant.
 
@@ -171,7 +179,7 @@ class DataConfig(_Strict):
 
     def output_hash(self) -> str:
         """Hash of the content fields (what changes the prepared rows; not where they go or the parallelism)."""
-        return hashlib.sha256(json.dumps(content_dump(self), sort_keys=True).encode()).hexdigest()[:16]
+        return fingerprint(content_dump(self))
 
 
 class ServeConfig(_Strict):

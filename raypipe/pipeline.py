@@ -17,19 +17,13 @@ storage_options are redacted before hashing, so rotating one re-runs nothing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
-from raypipe.config import DataConfig, RaypipeConfig, trained_settings
+from raypipe.config import DataConfig, RaypipeConfig, fingerprint, trained_settings
 from raypipe.console import logger
 from raypipe.layout import RunFolders
-
-
-def _digest(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def prepare_fingerprint(cfg: DataConfig) -> str:
@@ -39,19 +33,19 @@ def prepare_fingerprint(cfg: DataConfig) -> str:
     from raypipe.data.tokenizer import resolve_tokenizer
 
     _, spec = resolve_tokenizer(cfg)
-    return _digest({"data": cfg.public_dump(), "dependencies": dependencies(cfg, spec)})
+    return fingerprint({"data": cfg.public_dump(), "dependencies": dependencies(cfg, spec)})
 
 
 def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
     """The prepared data by content (the manifest's digest covers every shard's checksum) and what the drafter is
     trained on and with (raypipe.config.trained_settings, as the resume check compares). How the run executes
     (workers, resources, intervals, where states come from) changes no drafter, so it re-runs nothing."""
-    return _digest({"manifest_sha256": manifest_sha256, **trained_settings(cfg.public_dump())})
+    return fingerprint({"manifest_sha256": manifest_sha256, **trained_settings(cfg.public_dump())})
 
 
 def eval_fingerprint(cfg: RaypipeConfig, trained: str) -> str:
     """The trained (and exported) drafter's fingerprint and the eval config."""
-    return _digest({"train": trained, "eval": cfg.eval.public_dump()})
+    return fingerprint({"train": trained, "eval": cfg.eval.public_dump()})
 
 
 class StageLog:

@@ -7,14 +7,12 @@ the bytes the driver hashed into the manifest, and nothing is fetched twice.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raypipe.assets.templates import TEMPLATE_NAMES, load_template
-from raypipe.config import DataConfig
+from raypipe.config import DataConfig, fingerprint
 from raypipe.data import incremental
 from raypipe.data.template_engine import choose_engine
 
@@ -36,21 +34,19 @@ class TokenizerSpec:
     incremental_note: str  # whether it did, and why not
 
     def digest(self) -> str:
-        blob = json.dumps(
+        return fingerprint(
             [
                 self.tokenizer_json,
                 self.chat_template,
                 self.template_kwargs,
                 self.end_of_turn,
                 self.end_of_turn_id,
-                self.reserved,
-            ],
-            sort_keys=True,
+                list(self.reserved),
+            ]
         )
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def template_digest(self) -> str:
-        return hashlib.sha256(self.chat_template.encode()).hexdigest()[:16]
+        return fingerprint(self.chat_template)
 
 
 def load_tokenizer(name: str) -> PreTrainedTokenizerBase:
