@@ -7,7 +7,7 @@ The stage's fixed cost (the driver's tokenizer load, Ray Data's and the actors' 
 not grow with the input: it is under 5% of the whole corpus's run and about a third of a 100,000-sample one.
 
 For the project's reference corpus (mostly one-turn prompts) and its multi-turn mix (chats, tool use and agentic
-traces with system prompts, reasoning and replies of hundreds of tokens), both from raypipe.tools.corpus:
+traces with system prompts, reasoning and replies of hundreds of tokens), both from bench.corpus:
 1. the whole data stage under Ray Data (a local cluster of 2 CPUs, 2 actors of 1 CPU), timed end to end (actor
    start-up included), with the stage's own account of the actors' work and of Ray Data around it;
 2. the same stage code in this process without Ray (plan, prepare and write every shard, one thread);
@@ -29,6 +29,7 @@ os.environ["RAYON_NUM_THREADS"] = "1"  # the baseline tokenizes on one core, lik
 
 import ray  # noqa: E402
 
+from bench.corpus import REFERENCE_SAMPLES, CorpusSpec, write_corpus  # noqa: E402
 from raypipe.config import load_config  # noqa: E402
 from raypipe.data.formats import Reject, normalize  # noqa: E402
 from raypipe.data.output import PreparedOutput  # noqa: E402
@@ -36,7 +37,6 @@ from raypipe.data.pipeline import run_prepare_timed  # noqa: E402
 from raypipe.data.prepare import SCREEN_CHARS, ShardPreparer  # noqa: E402
 from raypipe.data.sources import plan_chunks, read_chunk  # noqa: E402
 from raypipe.data.tokenizer import resolve_tokenizer  # noqa: E402
-from raypipe.tools.corpus import REFERENCE_SAMPLES, CorpusSpec, write_corpus  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 

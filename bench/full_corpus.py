@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from raypipe.tools.corpus import REFERENCE_SAMPLES, CorpusSpec, write_corpus
+from bench.corpus import REFERENCE_SAMPLES, CorpusSpec, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

@@ -9,7 +9,7 @@ an answer), rendered into rows by the stage's renderer for the built-in template
   rows (asserted);
 - `qwen_strict` (rewrites earlier turns, so not provable: one row per turn; shown for scale).
 For each, the raw tokenizer's batch call on the rows it makes, one thread: what tokenizing them costs anyway.
-2. The project's multi-turn mix (raypipe.tools.corpus, 8,000 rows: chats, tool use and agentic traces of up to 5
+2. The project's multi-turn mix (bench.corpus, 8,000 rows: chats, tool use and agentic traces of up to 5
 exchanges), every row rendered both ways with `chatml` (same rows and rejects, asserted), against the raw tokenizer
 on the rows.
 """
@@ -28,11 +28,11 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 
 from tokenizers import Tokenizer  # noqa: E402
 
+from bench.corpus import CorpusSpec, write_corpus  # noqa: E402
 from raypipe.config import load_config  # noqa: E402
 from raypipe.data.formats import Conversation, Reject, normalize  # noqa: E402
 from raypipe.data.render import ChatRenderer  # noqa: E402
 from raypipe.data.tokenizer import resolve_tokenizer  # noqa: E402
-from raypipe.tools.corpus import CorpusSpec, write_corpus  # noqa: E402
 
 OUT = Path(__file__).parent / "out"
 

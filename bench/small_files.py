@@ -3,7 +3,7 @@
     python bench/small_files.py                                  # 10,000 files of 10 rows (100,000 rows), minutes
     python bench/small_files.py --files 1000 --rows-per-file 10  # quicker
 
-Datasets often come as thousands of small files. The rows are the reference corpus's (raypipe.tools.corpus: mostly
+Datasets often come as thousands of small files. The rows are the reference corpus's (bench.corpus: mostly
 short prompts, about 440 bytes a row), in its order: cut into `--files` JSONL files of `--rows-per-file` rows, and
 written again as one JSONL file. Both are prepared by the whole data stage under Ray Data (a local cluster of 2 CPUs,
 2 actors of 1 CPU, the default shard size), timed end to end, after an untimed run on one small file that pays the
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import ray
 
+from bench.corpus import CorpusSpec, write_corpus
 from raypipe.config import load_config
 from raypipe.data.pipeline import run_prepare_timed
-from raypipe.tools.corpus import CorpusSpec, write_corpus
 
 OUT = Path(__file__).parent / "out"
 

@@ -2,7 +2,7 @@
 
     python bench/vs_speculators.py --samples 2000
 
-The corpus is the generator's multi-turn mix (raypipe.tools.corpus, `mix="multi_turn"`): system prompts, tools,
+The corpus is the generator's multi-turn mix (bench.corpus, `mix="multi_turn"`): system prompts, tools,
 reasoning, several turns of hundreds of tokens. Rows whose conversation ends with an assistant turn are kept (what
 `prepare-data` accepts: it renders replies, it does not write them), written once in the OpenAI shape as
 `{"messages", "tools"}` for raypipe and `{"conversations", "tools"}` for speculators: the same conversations.
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import ray
 
+from bench.corpus import CorpusSpec, write_corpus
 from raypipe.assets.templates import load_template
 from raypipe.assets.tiny_target import build_tiny_target
 from raypipe.config import load_config
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.pipeline import run_prepare_timed
 from raypipe.data.sources import plan_chunks, read_chunk
-from raypipe.tools.corpus import CorpusSpec, write_corpus
 
 OUT = Path(__file__).parent / "out" / "vs_speculators"
 BIN = Path(sys.executable).parent

@@ -156,14 +156,6 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_corpus(args: argparse.Namespace) -> int:
-    from raypipe.tools.corpus import CorpusSpec, write_corpus
-
-    counts = write_corpus(args.output, CorpusSpec(num_samples=args.samples, seed=args.seed, mix=args.mix))
-    print(json.dumps(counts, indent=1))
-    return 0
-
-
 def cmd_check_drafter(args: argparse.Namespace) -> int:
     from raypipe.storage import Storage, absolute
     from raypipe.train.export import check_export
@@ -218,17 +210,6 @@ def build_parser() -> argparse.ArgumentParser:
         )
         command.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
         command.set_defaults(func=func)
-
-    corpus = sub.add_parser("corpus", help="Write the synthetic reference corpus (913,786 samples by default).")
-    corpus.add_argument("--output", required=True, help="Output directory.")
-    corpus.add_argument(
-        "--samples", type=int, default=913_786, help="Number of samples; categories scale proportionally."
-    )
-    corpus.add_argument("--seed", type=int, default=0)
-    corpus.add_argument(
-        "--mix", default="reference", help="reference, or multi_turn: its conversations alone (chats, tools, agents)"
-    )
-    corpus.set_defaults(func=cmd_corpus)
 
     check = sub.add_parser(
         "check-drafter",

@@ -17,7 +17,7 @@ def run(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def test_help_lists_subcommands_and_overrides():
     top = run("-m", "raypipe.cli", "--help")
-    assert top.returncode == 0 and "prepare" in top.stdout and "corpus" in top.stdout
+    assert top.returncode == 0 and "prepare" in top.stdout and "check-drafter" in top.stdout
     prepare = run("-m", "raypipe.cli", "prepare", "--help")
     assert prepare.returncode == 0 and "--recipe" in prepare.stdout and "key=value" in prepare.stdout
 

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from raypipe.data.formats import FORMATS
-from raypipe.tools.corpus import (
+from bench.corpus import (
     CATEGORIES,
     REFERENCE_SAMPLES,
     CorpusSpec,
@@ -22,6 +21,7 @@ from raypipe.tools.corpus import (
     write_corpus,
     write_shard,
 )
+from raypipe.data.formats import FORMATS
 
 SPEC = CorpusSpec(num_samples=10_000, seed=0, rows_per_file=2_500)
 OPENAI_ROLES = {"system", "user", "assistant", "tool"}
