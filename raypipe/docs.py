@@ -83,7 +83,7 @@ def metrics_table() -> str:
 
 def pages() -> dict[str, str]:
     """File name under docs/ -> its whole text."""
-    config = ["# Configuration reference", "", GENERATED.format(source="raypipe/config.py"), "", CONFIG_INTRO]
+    config = ["# Configuration reference", "", GENERATED.format(source="raypipe/config/"), "", CONFIG_INTRO]
     metrics = ["# Metrics reference", "", GENERATED.format(source="raypipe/dashboard.py"), "", METRICS_INTRO]
     return {
         "config.md": "\n".join([*config, "", config_reference(), ""]),

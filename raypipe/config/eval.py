@@ -1,0 +1,56 @@
+"""`eval.*`: how the drafter is measured in vLLM."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from raypipe.config.base import _Strict
+
+
+class EvalConfig(_Strict):
+    """Stage 4: acceptance of the exported drafter measured in vLLM, beside the offline and training estimates."""
+
+    prompts: str = Field(
+        description="Held-out conversations (JSONL, any data.sources format, local or URL); a trailing assistant turn "
+        "is dropped, the rest is the prompt."
+    )
+    num_prompts: int = Field(default=100, gt=0, description="Prompts evaluated (the first ones of the file).")
+    max_tokens: int = Field(default=256, gt=0, description="Longest generated reply.")
+    temperatures: list[float] = Field(
+        default=[0.0, 1.0],
+        min_length=1,
+        description="Sampling temperatures measured; the offline replay replays vLLM's replies at each.",
+    )
+    concurrency: list[int] = Field(
+        default=[1, 4, 16],
+        description="Concurrent clients of the latency sweep (TTFT, TPOT, tokens/s, τ per level) through vLLM's "
+        "OpenAI-compatible server, with and without the drafter, at temperature 0; [] skips the sweep.",
+    )
+    latency_prompts: int = Field(
+        default=48, gt=0, description="Prompts each level of the latency sweep sends (the first eval prompts)."
+    )
+    threshold: float = Field(
+        default=0.15,
+        gt=0,
+        description="Relative gap between an estimate and vLLM's τ (temperature 0) above which the report flags a "
+        "disagreement.",
+    )
+    output: str | None = Field(
+        default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval."
+    )
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive_levels(cls, value: list[int]) -> list[int]:
+        if any(c < 1 for c in value):
+            raise ValueError(f"concurrency levels must be >= 1, got {value}")
+        return value
+
+    @field_validator("temperatures")
+    @classmethod
+    def _greedy_first(cls, value: list[float]) -> list[float]:
+        if 0.0 not in value:
+            raise ValueError("must include 0.0: vLLM's greedy τ is what the estimates are compared with")
+        if any(t < 0 for t in value):
+            raise ValueError(f"temperatures must be >= 0, got {value}")
+        return value

@@ -1,0 +1,127 @@
+"""`serve.*`: the target and the vLLM engines of the hidden-state service (and of the replies and evaluation)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from raypipe.config.base import CONTENT, EXECUTION, _Strict
+
+
+class ServeConfig(_Strict):
+    """Stage 2: the hidden-state service (Ray Serve replicas hosting the target). Its content fields (the target, its
+    layers, the dtype) decide the states a drafter trains on; the rest is how the service runs."""
+
+    engine: Literal["vllm", "transformers"] = Field(
+        json_schema_extra=EXECUTION, default="vllm", description="vLLM (production) or transformers (reference)."
+    )
+    model: str = Field(
+        json_schema_extra=CONTENT,
+        description="The target: `builtin:tiny` (tiny random Qwen3), `builtin:tiny_qwen36` (tiny random Qwen3.6 "
+        "architecture), `builtin:demo` and `builtin:demo_qwen36` (the same two architectures trained on structured "
+        "chat), all built locally, or a path / Hugging Face id.",
+    )
+    layer_ids: list[int] | None = Field(
+        json_schema_extra=CONTENT,
+        default=None,
+        description="Layer ids to serve (vLLM's convention, see raypipe/target.py); default: DFlash's five aux "
+        "layers and the last.",
+    )
+    dtype: str = Field(json_schema_extra=CONTENT, default="auto", description="Engine dtype (auto, bfloat16, float32).")
+    max_model_len: int = Field(
+        json_schema_extra=EXECUTION,
+        default=4096,
+        gt=0,
+        description="vLLM's context: a request's tokens plus those it generates. Must exceed data.max_length (vLLM "
+        "needs room for one generated token after a row), so the longest sequence a request may carry is "
+        "max_model_len - 1.",
+    )
+    max_sequences: int = Field(
+        json_schema_extra=EXECUTION, default=64, gt=0, description="Most sequences in one request."
+    )
+    max_batch_tokens: int = Field(
+        json_schema_extra=EXECUTION,
+        default=16384,
+        gt=0,
+        description="Most tokens in one request (the engine batches requests continuously).",
+    )
+    tensor_parallel_size: int = Field(
+        json_schema_extra=EXECUTION, default=1, gt=0, description="vLLM tensor parallelism per replica."
+    )
+    gpu_memory_utilization: float = Field(
+        json_schema_extra=EXECUTION,
+        default=0.9,
+        gt=0,
+        le=1,
+        description="vLLM's share of each GPU's memory (GPUs only; on CPU set kv_cache_gib).",
+    )
+    kv_cache_gib: float | None = Field(
+        json_schema_extra=EXECUTION,
+        default=None,
+        gt=0,
+        description="vLLM's KV cache per engine in GiB, instead of gpu_memory_utilization. Required on CPU (num_gpus: "
+        "0), where a "
+        "utilization is a share of one NUMA node's memory, minus the engine's own RSS.",
+    )
+    enforce_eager: bool = Field(
+        json_schema_extra=EXECUTION, default=False, description="Disable CUDA graphs (required on CPU)."
+    )
+    num_gpus: float = Field(
+        json_schema_extra=EXECUTION,
+        default=1.0,
+        ge=0,
+        description="GPUs per replica (tensor_parallel_size for vLLM on GPUs).",
+    )
+    num_cpus: float = Field(json_schema_extra=EXECUTION, default=1.0, gt=0, description="CPUs per replica.")
+    resource: str | None = Field(
+        json_schema_extra=EXECUTION,
+        default="serve_gpu",
+        description="Custom resource each replica (and evaluation engine) takes, one unit per GPU (one without GPUs): "
+        "it places them on the Serve node type, apart from Train GPUs.",
+    )
+    min_replicas: int = Field(json_schema_extra=EXECUTION, default=1, ge=0, description="Autoscaling lower bound.")
+    max_replicas: int = Field(json_schema_extra=EXECUTION, default=1, gt=0, description="Autoscaling upper bound.")
+    target_ongoing_requests: float = Field(
+        json_schema_extra=EXECUTION,
+        default=4,
+        gt=0,
+        description="Autoscaling target per replica: trainers waiting for states raise the backlog, and replicas are "
+        "added.",
+    )
+    upscale_delay_s: float = Field(
+        json_schema_extra=EXECUTION,
+        default=30.0,
+        ge=0,
+        description="Backlog above target this long before a replica is added.",
+    )
+    downscale_delay_s: float = Field(
+        json_schema_extra=EXECUTION,
+        default=600.0,
+        ge=0,
+        description="Backlog below target this long before a replica is removed.",
+    )
+    max_ongoing_requests: int = Field(
+        json_schema_extra=EXECUTION, default=32, gt=0, description="Requests a replica accepts at once."
+    )
+    canary: Literal["refuse", "warn", "off"] = Field(
+        json_schema_extra=EXECUTION,
+        default="refuse",
+        description="Parity canary against transformers at start-up: refuse to serve on mismatch, only warn, or skip.",
+    )
+    http_host: str = Field(
+        json_schema_extra=EXECUTION,
+        default="127.0.0.1",
+        description="HTTP ingress host (health, canary, stats); loopback unless set.",
+    )
+    http_port: int = Field(json_schema_extra=EXECUTION, default=8000, gt=0, lt=65536, description="HTTP ingress port.")
+
+    @model_validator(mode="after")
+    def _kv_cache_on_cpu(self) -> ServeConfig:
+        if self.engine == "vllm" and self.num_gpus == 0 and self.kv_cache_gib is None:
+            raise ValueError(
+                "serve.kv_cache_gib: set the KV cache size in GiB for vLLM on CPU (num_gpus: 0), e.g. "
+                "serve.kv_cache_gib=1; "
+                "a gpu_memory_utilization there is a share of one NUMA node's memory and fails on small nodes"
+            )
+        return self
