@@ -19,7 +19,7 @@ record (`"level": "file"`, code `unreadable_file`, the file and the error)
 and counts in `files_rejected`, not in the row counts; rows read before the
 error count as usual, and the chunk's other files are read all the same.
 Raw rows in reject records are cut to their first 4 KiB (`raw_truncated`,
-`raw_bytes`): file and position find the whole row.
+`raw_bytes`; raypipe.data.rejects): file and position find the whole row.
 
 A chunk may hold several small files: each row keeps its own file and
 position (its fallback `sample_id`, its reject record), so a row prepared in
@@ -36,7 +36,6 @@ cost the square of its length.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import re
@@ -52,6 +51,7 @@ from tokenizers import Tokenizer
 
 from raypipe.config import DataConfig
 from raypipe.data.formats import Reject, normalize
+from raypipe.data.rejects import Raw, reject_record, safe, tokenizer_reject
 from raypipe.data.render import ChatRenderer, Segmented
 from raypipe.data.sources import Chunk, FileRange, Oversized, UnreadableFile, read_range
 from raypipe.data.tokenizer import TokenizerSpec
@@ -70,9 +70,7 @@ PREPARED_SCHEMA = pa.schema(
 )
 # Upper bucket edges of the token-length histogram in the manifest.
 HISTOGRAM_EDGES = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
-RAW_BYTES = 4096  # bytes of a raw row kept in its reject record
 SCREEN_CHARS = 1 << 20  # per-turn rows of one conversation holding more text are screened for length untokenized
-Raw = bytes | Oversized | dict[str, Any]
 
 
 @dataclass
@@ -239,7 +237,7 @@ class ShardPreparer:
                     "stage": "read",
                     "code": "unreadable_file",
                     "reason": (
-                        f"{_safe(err.reason)}; the {counts.rows_in - rows_before} rows this shard read from the file "
+                        f"{safe(err.reason)}; the {counts.rows_in - rows_before} rows this shard read from the file "
                         "before the error are counted as usual"
                     ),
                 }
@@ -345,7 +343,7 @@ class ShardPreparer:
                 encoded.extend(self._encode_rows(p.rows))
             except Exception as err:  # noqa: BLE001 - the row is rejected with the tokenizer's reason
                 texts = [text for seg in p.rows for text, _ in seg.pieces]
-                rej = _tokenizer_reject(texts, err)
+                rej = tokenizer_reject(texts, err)
                 for seg in p.rows:
                     _add_reject(
                         chunk,
@@ -440,19 +438,6 @@ def _special_splitter(backend: Tokenizer) -> re.Pattern[str]:
     return re.compile("(" + ("|".join(map(re.escape, sorted(verbatim, key=len, reverse=True))) or "(?!)") + ")")
 
 
-def _tokenizer_reject(texts: list[str], err: Exception) -> Reject:
-    for text in texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as bad:
-            return Reject(
-                "tokenize",
-                "lone_surrogate",
-                f"text holds {text[bad.start]!r}, a lone UTF-16 surrogate (an escape like \\ud800 in the JSON)",
-            )
-    return Reject("tokenize", "tokenizer_error", f"the tokenizer refused the row: {type(err).__name__}: {err}")
-
-
 def _add_reject(
     chunk: Chunk,
     url: str,
@@ -463,46 +448,8 @@ def _add_reject(
     counts: _Counts,
     rejects: list[dict[str, Any]],
 ) -> None:
-    rejects.append(_reject_record(chunk, url, sample_id, position, raw, rej))
+    rejects.append(reject_record(chunk, url, sample_id, position, raw, rej))
     counts.rejects[rej.code] += 1
-
-
-def _safe(text: str) -> str:
-    """`text` writable as UTF-8: lone surrogates become backslash escapes."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _reject_record(chunk: Chunk, url: str, sample_id: str, position: int, raw: Raw, rej: Reject) -> dict[str, Any]:
-    """Everything needed to find, understand and recover the row: file and position, and its first bytes."""
-    record: dict[str, Any] = {
-        "sample_id": _safe(sample_id),
-        "source": chunk.source,
-        "file": url,
-        "position": position,
-        "stage": rej.stage,
-        "code": rej.code,
-        "reason": _safe(rej.reason),
-    }
-    if isinstance(raw, Oversized):
-        data, size = raw.head, raw.size
-    else:
-        data = (
-            json.dumps(raw, ensure_ascii=False, default=str).encode("utf-8", "backslashreplace")
-            if isinstance(raw, dict)
-            else raw
-        )
-        size = len(data)
-    head = data[:RAW_BYTES]
-    if size > len(head):
-        record["raw_truncated"], record["raw_bytes"] = True, size
-    try:
-        record["raw"] = head.decode("utf-8").rstrip("\n")
-    except UnicodeDecodeError as err:
-        if size > len(head) and err.reason == "unexpected end of data":  # the cut split a character
-            record["raw"] = head[: err.start].decode("utf-8")
-        else:
-            record["raw_base64"] = base64.b64encode(head).decode()
-    return record
 
 
 def _stats(chunk: Chunk, counts: _Counts, n_rejected: int) -> dict[str, Any]:

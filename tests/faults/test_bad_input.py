@@ -13,7 +13,8 @@ import pytest
 from raypipe.config import DataConfig
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.pipeline import run_prepare
-from raypipe.data.prepare import RAW_BYTES, ShardPreparer
+from raypipe.data.prepare import ShardPreparer
+from raypipe.data.rejects import RAW_BYTES
 from raypipe.data.render import ChatRenderer
 from raypipe.data.sources import plan_chunks
 from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec, renderer
