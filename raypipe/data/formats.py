@@ -2,9 +2,12 @@
 
 Every supported format (OpenAI messages, ShareGPT, Alpaca; each possibly
 prompt-only) becomes `Conversation(messages, tools)` with messages in the
-OpenAI shape templates expect. Anything that does not fit raises `Reject`
-with a stable code and a one-line reason, so bad rows are explained rather
-than crashing the job or vanishing.
+OpenAI shape templates expect. OpenAI's `developer` role (its current name
+for the system message) is read as `system` in every format with roles:
+chat templates know `system`, so the template sees the same conversation,
+and its rules on where a system message may stand apply unchanged. Anything
+that does not fit raises `Reject` with a stable code and a one-line reason,
+so bad rows are explained rather than crashing the job or vanishing.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMATS = ("openai", "sharegpt", "alpaca")
-ROLES = ("system", "user", "assistant", "tool")
-SHAREGPT_ROLES = {
+# role in the data -> role the template sees
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+SHAREGPT_ROLES = {  # ShareGPT's own names, and OpenAI's role names as some ShareGPT data writes them in `from`
     "system": "system",
+    "developer": "system",
     "human": "user",
     "user": "user",
     "gpt": "assistant",
@@ -129,13 +134,13 @@ def _openai(record: dict[str, Any]) -> tuple[list[dict[str, Any]], Any, frozense
         if _weightless(where, msg):
             context_only.add(i)
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad("unknown_role", f"{where} role {role!r} is not one of {', '.join(ROLES)}")
         calls = msg.get("tool_calls")
         has_calls = role == "assistant" and calls is not None
         if "content" not in msg and not has_calls:
             raise _bad("missing_content", f"{where} ({role}) has no content")
-        norm: dict[str, Any] = {"role": role, "content": _text(msg.get("content"), where, allow_none=has_calls)}
+        norm: dict[str, Any] = {"role": ROLES[role], "content": _text(msg.get("content"), where, allow_none=has_calls)}
         if has_calls:
             norm["tool_calls"] = _tool_calls(calls, where)
         elif calls is not None:

@@ -33,6 +33,7 @@ BAD_ROWS: dict[str, tuple[bytes, str]] = {
         "bad_content",
     ),
     "system_only": (_j({"messages": [{"role": "system", "content": "be nice"}]}), "no_dialogue"),
+    "developer_only": (_j({"messages": [{"role": "developer", "content": "be nice"}]}), "no_dialogue"),
     "malformed_tool_arguments": (
         _j(
             {
@@ -71,6 +72,7 @@ BAD_ROWS: dict[str, tuple[bytes, str]] = {
     "reasoning_not_string": (_j({"messages": [U, {**A, "reasoning_content": ["x"]}]}), "bad_reasoning"),
     "tools_not_list": (_j({"messages": [U, A], "tools": "everything"}), "bad_tools"),
     "sharegpt_unknown_from": (_j({"conversations": [{"from": "bot", "value": "x"}]}), "unknown_role"),
+    "sharegpt_developer_only": (_j({"conversations": [{"from": "developer", "value": "be nice"}]}), "no_dialogue"),
     "sharegpt_missing_value": (_j({"conversations": [{"from": "human"}]}), "missing_content"),
     "alpaca_empty_instruction": (_j({"instruction": "   ", "output": "x"}), "empty_prompt"),
     "alpaca_non_string_output": (_j({"instruction": "do", "output": 3}), "bad_content"),
@@ -91,6 +93,8 @@ GOOD_ROWS: list[bytes] = [
     _j({"messages": [U, A]}),
     _j({"messages": [{"role": "user", "content": "Bonjour, ça va? 你好 🙂"}]}),
     _j({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}),
+    _j({"messages": [{"role": "developer", "content": "Be brief."}, U, A]}),
+    _j({"conversations": [{"from": "developer", "value": "Be brief."}, {"from": "human", "value": "q"}]}),
     _j({"instruction": "Say hi", "output": "hi"}),
     _j({"messages": [U, {"role": "assistant", "content": ""}]}),
 ]

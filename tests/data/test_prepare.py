@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from raypipe.assets.templates import load_template
 from raypipe.data.output import COUNT_KEYS
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import plan_chunks
@@ -16,6 +17,13 @@ from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spe
 from tests.data.bad_corpus import BAD_ROWS, GOOD_ROWS, MAX_LENGTH, MAX_ROW_BYTES, corpus_lines
 
 U = {"role": "user", "content": "Hi"}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object"}}}]
+# The guard of the published Qwen3.5 templates: a system message anywhere but first is refused.
+SYSTEM_FIRST_ONLY = load_template("chatml").replace(
+    "{%- for message in messages %}",
+    "{%- for message in messages %}{%- if message.role == 'system' and not loop.first %}"
+    "{{- raise_exception('System message must be at the beginning.') }}{%- endif %}",
+)
 
 
 def test_bad_corpus_every_kind_rejected_with_its_reason_and_counts_add_up(tmp_path):
@@ -130,3 +138,60 @@ def test_a_chunk_of_small_files_gives_the_rows_and_rejects_of_the_files_prepared
         alone[1].stats["rows_in"] > 0 and f"the {alone[1].stats['rows_in']} rows this shard read" in truncated["reason"]
     )
     assert alone[4].stats["rows_in"] > 0  # the rows after an unreadable file are read
+
+
+def with_role(fmt: str, role: str, tools: bool = False) -> dict:
+    """A conversation with an instruction turn spelled `role` first and again after the first reply."""
+    dialogue = [
+        (role, "Be brief."),
+        ("user", "2+2?"),
+        ("assistant", "4"),
+        (role, "Now in French."),
+        ("user", "3+3?"),
+        ("assistant", "six"),
+    ]
+    if fmt == "openai":
+        record = {"id": "r", "messages": [{"role": r, "content": text} for r, text in dialogue]}
+        return {**record, "tools": TOOLS} if tools else record
+    names = {"user": "human", "assistant": "gpt"}
+    return {"id": "r", "conversations": [{"from": names.get(r, r), "value": text} for r, text in dialogue]}
+
+
+@pytest.mark.parametrize(
+    "fmt, template, tools",
+    [
+        ("openai", "qwen_strict", False),  # per-turn rows; a later system turn rendered in place
+        ("openai", "qwen_strict", True),  # the leading system turn goes into the tools block
+        ("openai", "chatml", False),  # one render; the role name is written out
+        ("sharegpt", "qwen_strict", False),
+        ("sharegpt", "chatml", False),
+    ],
+)
+def test_developer_rows_and_masks_are_those_of_system(tmp_path, fmt, template, tools):
+    results = {
+        role: prepare_records(tmp_path, [with_role(fmt, role, tools)], chat_template=template)
+        for role in ("system", "developer")
+    }
+    rows = {role: result.table.to_pylist() for role, result in results.items()}
+    assert rows["developer"] == rows["system"] and rows["system"]  # ids, tokens, loss masks, prompt lengths
+    assert not results["developer"].rejects and not results["system"].rejects
+    tok, _ = qwen_spec(template)
+    text = tok.decode(rows["developer"][-1]["input_ids"])
+    assert "<|im_start|>system\nNow in French.<|im_end|>" in text and "developer" not in text
+
+
+def test_a_misplaced_developer_turn_gets_the_reject_of_a_misplaced_system_turn(tmp_path):
+    (tmp_path / "system_first_only.jinja").write_text(SYSTEM_FIRST_ONLY)
+    template = str(tmp_path / "system_first_only.jinja")
+    rejects = {}
+    for role in ("system", "developer"):
+        records = [with_role("openai", role), with_role("sharegpt", role)]
+        result = prepare_records(tmp_path, records, chat_template=template)
+        assert result.table.num_rows == 0
+        rejects[role] = [(r["stage"], r["code"], r["reason"]) for r in result.rejects]
+    assert rejects["developer"] == rejects["system"]
+    assert rejects["system"] == 2 * [
+        ("render", "template_error", "template refused the conversation: System message must be at the beginning.")
+    ]
+    leading = {"messages": [{"role": "developer", "content": "Be brief."}, U, {"role": "assistant", "content": "4"}]}
+    assert prepare_records(tmp_path, [leading], chat_template=template).table.num_rows == 1

@@ -115,6 +115,8 @@ NEW_ROWS: dict[str, tuple[bytes, str]] = {
     "weight_two": (_j({"messages": [U, {**A, "weight": 2}]}), "bad_weight"),
     "weight_string": (_j({"messages": [U, {**A, "weight": "0"}]}), "bad_weight"),
     "weight_on_user": (_j({"messages": [{**U, "weight": 0}, A]}), "bad_weight"),
+    "weight_on_developer": (_j({"messages": [{"role": "developer", "content": "s", "weight": 0}, U, A]}), "bad_weight"),
+    "role_developer_capitalized": (_j({"messages": [{"role": "Developer", "content": "s"}, U, A]}), "unknown_role"),
     "every_turn_weight_zero": (_j({"messages": [U, {**A, "weight": 0}]}), "no_supervised_turn"),
     "huge_line": (_j({"messages": [{"role": "user", "content": "y" * (1 << 20)}]}), "oversized_row"),
 }
