@@ -76,16 +76,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from raypipe.pipeline import train_stage
+    from dataclasses import asdict
+
+    from raypipe.pipeline import replies_stage, train_stage
     from raypipe.train.export import export_drafter
 
     cfg = _config(args)
     _connect_ray(args, cfg)
+    replies_stage(cfg)
     m = train_stage(cfg)
     doc = export_drafter(cfg)
-    logger("train").info(f"done: step {m['step']}, loss {m['loss']:.4f}, τ~{m['tau_estimate']:.2f} (the last interval)")
+    logger("train").info(f"done: step {m.step}, loss {m.loss:.4f}, τ~{m.tau_estimate:.2f} (the last interval)")
     _print_export(doc)
-    _details(args, {"metrics": m, "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]})
+    _details(args, {"metrics": asdict(m), "export": doc["speculative_config"], "vllm_command": doc["vllm_command"]})
     return 0
 
 
@@ -139,20 +142,20 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     check_sources(cfg.data.sources, cfg.data.storage_options)
     _connect_ray(args, cfg)
     done = run_pipeline(cfg)
-    ev, tr = done["eval"], done["train"]
+    ev, tr, ex = done["eval"], done["train"], done["export"]
     where = (
         "in vLLM (temperature 0)"
-        if ev.get("tau_method", "vllm") == "vllm"
+        if ev.tau_method == "vllm"
         else "from the offline replay: vLLM refused the drafter, see eval.json"
     )
     logger("pipeline").info(
-        f"{cfg.name}: τ {ev['tau']:.2f} {where} after {tr.get('step', '?')} steps"
-        + (" — an estimate DISAGREES with vLLM, see eval.json" if ev["disagreement"] else "")
+        f"{cfg.name}: τ {ev.tau:.2f} {where} after {tr.step} steps"
+        + (" — an estimate DISAGREES with vLLM, see eval.json" if ev.disagreement else "")
     )
-    logger("pipeline").info(f"drafter:   {done['export']['drafter']}")
-    logger("pipeline").info(f"eval.json: {ev['output']}/eval.json")
-    logger("pipeline").info(f"plots:     {', '.join(ev['plots'])}")
-    logger("pipeline").info(f"serve it:  {done['export']['vllm_command']}")
+    logger("pipeline").info(f"drafter:   {ex.drafter}")
+    logger("pipeline").info(f"eval.json: {ev.output}/eval.json")
+    logger("pipeline").info(f"plots:     {', '.join(ev.plots)}")
+    logger("pipeline").info(f"serve it:  {ex.vllm_command}")
     return 0
 
 

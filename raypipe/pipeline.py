@@ -1,4 +1,4 @@
-"""The whole run as one job: prepare -> hidden-state service -> train -> export -> evaluate.
+"""The whole run as one job: prepare -> replies -> hidden-state service + train -> export -> evaluate.
 
 Each stage records its completion in `{train.output}/pipeline/{stage}.json`
 with a fingerprint of what its output depends on, so a re-submitted job skips
@@ -8,7 +8,10 @@ last checkpoint). Fingerprints come from content and chain stage to stage:
 prepare's covers the data config, the tokenizer, the template's text, each
 input file's size plus ETag or mtime and the raypipe version; train's covers
 the digest of the manifest prepare wrote (every shard's checksum) and the
-train and serve config; export's is train's, and eval's chains on it. A change
+train and serve config; replies' covers the manifest's digest and what the
+replies are made with (the target, the reply settings); export's is train's,
+and eval's chains on it. Each stage returns a typed result (`Prepared`,
+`Replied`, `Trained`, `Exported`, `Evaluated`), recorded as its summary. A change
 re-runs the stages it affects; where the old output cannot be reused safely,
 the stage refuses with a message instead (a changed input under the same
 data.output, a changed train config under the same run name). Credentials in
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from raypipe.config import DataConfig, RaypipeConfig, fingerprint, trained_settings
@@ -43,6 +47,14 @@ def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
     return fingerprint({"manifest_sha256": manifest_sha256, **trained_settings(cfg.public_dump())})
 
 
+def replies_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
+    """The prepared data by content and what the replies are made with: the target (serve's content) and
+    `train.replies`."""
+    settings = trained_settings(cfg.public_dump())
+    made_with = {k: v for k, v in settings.items() if k.startswith(("serve.", "train.replies."))}
+    return fingerprint({"manifest_sha256": manifest_sha256, **made_with})
+
+
 def eval_fingerprint(cfg: RaypipeConfig, trained: str) -> str:
     """The trained (and exported) drafter's fingerprint and the eval config."""
     return fingerprint({"train": trained, "eval": cfg.eval.public_dump()})
@@ -64,6 +76,8 @@ class StageLog:
             cfg = self.cfg
             if stage == "prepare":
                 fingerprint = prepare_fingerprint(cfg.data)
+            elif stage == "replies":
+                fingerprint = replies_fingerprint(cfg, PreparedOutput.of(cfg.data).manifest_sha256())
             elif stage == "train":
                 fingerprint = train_fingerprint(cfg, PreparedOutput.of(cfg.data).manifest_sha256())
             elif stage == "export":
@@ -88,16 +102,75 @@ class StageLog:
         )
 
 
-def train_stage(cfg: RaypipeConfig) -> dict[str, Any]:
-    """Replies, then training with the service up: started here unless one for this target already runs, and then
-    stopped again, so that no replica holds its GPUs (and their nodes) after the run."""
+@dataclass(frozen=True)
+class Prepared:
+    rows_in: int
+    rows_kept: int
+    rows_rejected: int
+    tokens: int
+    needs_response: int
+    manifest: str
+
+
+@dataclass(frozen=True)
+class Replied:
+    shards: int  # shards whose replies this run generated (0: all were stored)
+    replies: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Trained:
+    step: int
+    epoch: int
+    loss: float
+    tau_estimate: float
+    canary: str | None  # the service's canary verdict, None with train.states.mode=offline
+
+
+@dataclass(frozen=True)
+class Exported:
+    drafter: str
+    vllm_command: str
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    tau: float
+    tau_method: str  # vllm, or offline_replay where vLLM refused the drafter
+    output: str
+    plots: list[str]
+    disagreement: bool
+
+
+Result = Prepared | Replied | Trained | Exported | Evaluated
+
+
+def prepare_stage(cfg: RaypipeConfig) -> Prepared:
+    from raypipe.data.output import PreparedOutput
+    from raypipe.data.pipeline import run_prepare
+
+    c = run_prepare(cfg.data)["counts"]
+    keys = ("rows_in", "rows_kept", "rows_rejected", "tokens", "needs_response")
+    return Prepared(**{k: c[k] for k in keys}, manifest=f"{PreparedOutput.of(cfg.data).url}/manifest.json")
+
+
+def replies_stage(cfg: RaypipeConfig) -> Replied:
+    """Before the service: the reply engines take the Serve GPUs, the training GPUs stay free."""
+    from raypipe.train.replies import run_replies
+
+    done = run_replies(cfg)
+    return Replied(shards=done["shards"], replies=done["replies"], tokens=done["tokens"])
+
+
+def train_stage(cfg: RaypipeConfig) -> Trained:
+    """Training with the service up: started here unless one for this target already runs, and then stopped again,
+    so that no replica holds its GPUs (and their nodes) after the run."""
     from ray import serve
 
     from raypipe.serve.deployment import APP_NAME, attach_service, ensure_service
     from raypipe.train.launcher import run_training
-    from raypipe.train.replies import run_replies
 
-    replies = run_replies(cfg)  # before the service: the reply engines take the Serve GPUs, the training GPUs stay free
     started, canary = False, None
     if cfg.train.states.mode != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
@@ -114,46 +187,55 @@ def train_stage(cfg: RaypipeConfig) -> dict[str, Any]:
             serve.delete(APP_NAME)  # its CPUs or GPUs go back to the evaluation (and the autoscaler)
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
-    return {
-        "canary": canary,
-        "replies": replies,
-        **{k: result.metrics[k] for k in ("step", "epoch", "loss", "tau_estimate") if k in result.metrics},
-    }
+    m = result.metrics
+    return Trained(int(m["step"]), int(m["epoch"]), m["loss"], m["tau_estimate"], canary)
 
 
-def _stages(cfg: RaypipeConfig) -> dict[str, Callable[[], dict[str, Any]]]:
-    from raypipe.data.pipeline import run_prepare
-    from raypipe.eval.evaluate import run_evaluation
+def export_stage(cfg: RaypipeConfig) -> Exported:
     from raypipe.train.export import export_drafter
 
-    def prepare() -> dict[str, Any]:
-        return run_prepare(cfg.data)["counts"]
-
-    def export() -> dict[str, Any]:
-        doc = export_drafter(cfg)
-        return {"drafter": doc["speculative_config"]["model"], "vllm_command": doc["vllm_command"]}
-
-    def evaluate() -> dict[str, Any]:
-        doc = run_evaluation(cfg)
-        return {k: doc[k] for k in ("tau", "tau_method", "output", "plots", "disagreement")}
-
-    return {"prepare": prepare, "train": lambda: train_stage(cfg), "export": export, "eval": evaluate}
+    doc = export_drafter(cfg)
+    return Exported(drafter=doc["speculative_config"]["model"], vllm_command=doc["vllm_command"])
 
 
-def run_pipeline(cfg: RaypipeConfig) -> dict[str, dict[str, Any]]:
-    """Run every stage not yet done for this config; returns each stage's summary."""
+def eval_stage(cfg: RaypipeConfig) -> Evaluated:
+    from raypipe.eval.evaluate import run_evaluation
+
+    doc = run_evaluation(cfg)
+    return Evaluated(**{k: doc[k] for k in ("tau", "tau_method", "output", "plots")}, disagreement=doc["disagreement"])
+
+
+STAGES: dict[str, tuple[Callable[[RaypipeConfig], Result], type[Result]]] = {
+    "prepare": (prepare_stage, Prepared),
+    "replies": (replies_stage, Replied),
+    "train": (train_stage, Trained),
+    "export": (export_stage, Exported),
+    "eval": (eval_stage, Evaluated),
+}
+
+
+def _recorded(kind: type[Result], summary: Any) -> Result | None:
+    """A stage's result from its record; None for a record of another shape (an older raypipe's): the stage runs
+    again, resuming what it finds done."""
+    names = {f.name for f in fields(kind)}
+    return kind(**summary) if isinstance(summary, dict) and set(summary) == names else None
+
+
+def run_pipeline(cfg: RaypipeConfig) -> dict[str, Result]:
+    """Run every stage not yet done for this config; returns each stage's result."""
     log = StageLog(cfg)
-    summaries = {}
-    for stage, run in _stages(cfg).items():
+    results: dict[str, Result] = {}
+    for stage, (run, kind) in STAGES.items():
         record = log.done(stage)
-        if record is not None:
+        earlier = _recorded(kind, record["summary"]) if record is not None else None
+        if earlier is not None:
             logger("pipeline").info(f"{stage}: done earlier with this config, skipped")
-            summaries[stage] = record["summary"]
+            results[stage] = earlier
             continue
         logger("pipeline").info(f"{stage}: running")
         start = time.perf_counter()
-        summaries[stage] = run()
+        results[stage] = run(cfg)
         seconds = time.perf_counter() - start
-        log.mark(stage, seconds, summaries[stage])
+        log.mark(stage, seconds, asdict(results[stage]))
         logger("pipeline").info(f"{stage}: done in {seconds:.0f} s")
-    return summaries
+    return results

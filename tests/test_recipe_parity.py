@@ -224,7 +224,7 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     assert len(twins) == 2 and twins[0] != twins[1]
 
     # Service and training: the canary passed on every served layer; the steps ran on full-length rows.
-    assert done["train"]["canary"].startswith("canary ok"), done["train"]["canary"]
+    assert done["train"].canary.startswith("canary ok"), done["train"].canary
     curve = read_training_curve(RunFolders.of(cfg).ledger)
     assert [s["step"] for s in curve] == [2, 4]
     assert RunFolders.of(cfg).ray_train.glob(f"{cfg.name}/checkpoint_*/drafter/model.safetensors")
@@ -243,7 +243,7 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     # Evaluation: vLLM drafted with the exported drafter at the recipe's block size, on the recipe's temperatures.
     doc = json.loads(s3.cat_file(f"{bucket}/raypipe/{recipe}/train/eval/eval.json"))
     print(json.dumps({k: doc[k] for k in ("tau", "tau_method", "vllm_refused_drafter")}, indent=1))
-    assert done["eval"]["tau"] == doc["tau"] and doc["tau_method"] == "vllm", doc["vllm_refused_drafter"]
+    assert done["eval"].tau == doc["tau"] and doc["tau_method"] == "vllm", doc["vllm_refused_drafter"]
     assert [g["temperature"] for g in doc["vllm"]] == cfg.eval.temperatures
     [greedy] = [g for g in doc["vllm"] if g["temperature"] == 0.0]
     assert greedy["drafts"] > 0 and greedy["draft_tokens"] == (cfg.train.drafter.block_size - 1) * greedy["drafts"]
