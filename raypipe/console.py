@@ -1,18 +1,21 @@
 """What a run prints on the console, and where everything else goes.
 
-The console shows raypipe's own lines (`[stage] message`, from the `raypipe.<stage>` loggers of `log`) and its
+The console shows raypipe's own lines (`[stage] message`, from the `raypipe.<stage>` loggers of `logger`) and its
 progress bars (raypipe.progress). The libraries' logs (Ray's, Ray Data's, Serve's, Ray Train's, vLLM's,
 transformers', Python warnings) go to the run's log folder instead, one file per process
-(`{RAYPIPE_LOG_DIR}/{kind}-{host}-{pid}.log`, vLLM's in `vllm-{host}.log`); only their errors still reach the
-console. `--verbose` (RAYPIPE_VERBOSE=1) leaves every library as it is, printing everything.
+(`{RAYPIPE_LOG_DIR}/{kind}-{host}-{pid}.log`; vLLM's and Ray Data's in `vllm-{host}.log`, `ray.data-{host}.log`);
+only their errors still reach the console. `--verbose` (RAYPIPE_VERBOSE=1) leaves every library as it is.
 
 Every process of a run is quieted the same way: the driver by `quiet_process("driver")`, each Ray worker of the job
 (Ray Data actors, Serve replicas, Ray Train workers, reply writers, evaluation tasks) by `quiet_worker`, Ray's
 `worker_process_setup_hook` in the job's runtime env, before the worker imports any library. A worker's stdout and
-stderr are forwarded to the driver's console line by line, so a library must not write there: vLLM's engine processes
-(the service's engine core is a child of its replica) inherit `VLLM_LOGGING_CONFIG_PATH`, which sends vLLM's records
-to the file. What native code writes to stderr (Ray's C++ core worker, torch's C++ warnings) goes to the process's
-file too: its file descriptor 2 is the file, while Python's `sys.stderr` keeps the console.
+stderr are forwarded to the driver's console line by line, so a library must not write there:
+- vLLM and Ray Data configure their loggers themselves, at import and (Ray Data) at each dataset's execution, so
+  they get a config file of their own (`VLLM_LOGGING_CONFIG_PATH`, `RAY_DATA_LOGGING_CONFIG`), which child processes
+  inherit too (the service's engine core is a child of its replica);
+- transformers adds its console handler at first use, so it is told to log errors only;
+- what native code writes to stderr (Ray's C++ core worker, torch's C++ warnings) goes to the process's file: its
+  file descriptor 2 is the file, while Python's `sys.stderr` keeps the console.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def job_env(verbose: bool, log_dir: str) -> dict[str, str]:
             "LOGURU_LEVEL": "ERROR",
             "HF_HUB_DISABLE_PROGRESS_BARS": "1",
             "RAY_SERVE_LOG_TO_STDERR": "0",
+            "TRANSFORMERS_VERBOSITY": "error",
         }
     return {k: v for k, v in wanted.items() if k not in os.environ}
 
@@ -93,7 +97,8 @@ def quiet_process(kind: str) -> Path | None:
         library = logging.getLogger(name)
         if not library.propagate:
             library.addHandler(handler)
-    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_vllm_logging_config(Path(folder), host))
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = str(_logging_config(Path(folder), host, "vllm"))
+    os.environ["RAY_DATA_LOGGING_CONFIG"] = str(_logging_config(Path(folder), host, "ray.data"))
     return path
 
 
@@ -108,9 +113,10 @@ def _native_stderr_to(path: Path) -> None:
     sys.stderr = os.fdopen(original, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
 
 
-def _vllm_logging_config(folder: Path, host: str) -> Path:
-    """vLLM's dictConfig (read when vLLM is first imported, in every process that imports it): its records to
-    `vllm-{host}.log` (appended to by every process of the node), errors to stderr too."""
+def _logging_config(folder: Path, host: str, library: str) -> Path:
+    """A dictConfig for a library that configures its own logger whenever it is first imported (vLLM, by
+    VLLM_LOGGING_CONFIG_PATH) or again later (Ray Data, by RAY_DATA_LOGGING_CONFIG, on each dataset's execution): its
+    records to `{library}-{host}.log` (appended to by every process of the node), its errors to stderr too."""
     config = {
         "version": 1,
         "disable_existing_loggers": False,
@@ -119,13 +125,13 @@ def _vllm_logging_config(folder: Path, host: str) -> Path:
             "file": {
                 "class": "logging.FileHandler",
                 "formatter": "record",
-                "filename": str(folder / f"vllm-{host}.log"),
+                "filename": f"{folder}/{library}-{host}.log",
             },
             "console": {"class": "logging.StreamHandler", "formatter": "record", "level": "ERROR"},
         },
-        "loggers": {"vllm": {"handlers": ["file", "console"], "level": "INFO", "propagate": False}},
+        "loggers": {library: {"handlers": ["file", "console"], "level": "INFO", "propagate": False}},
     }
-    path = folder / f"vllm-logging-{host}.json"
+    path = folder / f"{library}-logging-{host}.json"  # JSON is YAML too, which Ray Data reads
     temporary = path.with_suffix(f".{os.getpid()}.tmp")
     temporary.write_text(json.dumps(config))
     temporary.replace(path)  # another process of the node may read it now
