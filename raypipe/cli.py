@@ -20,6 +20,7 @@ def _connect_ray(args: argparse.Namespace, cfg: RaypipeConfig) -> None:
     """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one. Unless --verbose, this process
     and every worker of the job send the libraries' logs to the run's log folder (raypipe.console)."""
     import ray
+    import ray.serve  # noqa: F401  its import adds a console handler of its own, which quiet_process quiets
 
     from raypipe.console import job_env, quiet_process
     from raypipe.layout import log_dir
