@@ -34,23 +34,29 @@ class _Lines:
 
 
 class _LineBar(tqdm):
-    """A bar off a terminal: each count is written once (tqdm redraws the last one when it closes)."""
+    """A bar off a terminal: each count is written once (tqdm redraws the last one when it closes), none at 0 (the
+    stage says what it starts), and with `only_if_slow` nothing from a bar closed within LINE_EVERY_S (the evaluation's
+    generate calls, a line each would be noise)."""
 
     written = -1
+    only_if_slow = False
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:
-        if msg is None and self.n == self.written:
+        if msg is None and self.n in (self.written, 0):
+            return True
+        if self.only_if_slow and self.format_dict["elapsed"] < LINE_EVERY_S:
             return True
         self.written = self.n
         return super().display(msg, pos)
 
 
-def progress(total: int | None, desc: str, unit: str, **kwargs: Any) -> tqdm:
-    """A progress bar with its rate and ETA: redrawn on a terminal, else a line every LINE_EVERY_S seconds."""
+def progress(total: int | None, desc: str, unit: str, only_if_slow: bool = False, **kwargs: Any) -> tqdm:
+    """A progress bar with its rate and ETA: redrawn on a terminal, else a line every LINE_EVERY_S seconds (with
+    `only_if_slow`, none for a bar done sooner)."""
     stream = sys.stderr
     if stream.isatty():
         return tqdm(total=total, desc=desc, unit=f" {unit}", file=stream, mininterval=0.5, dynamic_ncols=True, **kwargs)
-    return _LineBar(
+    bar = _LineBar(
         total=total,
         desc=desc,
         unit=f" {unit}",
@@ -60,6 +66,8 @@ def progress(total: int | None, desc: str, unit: str, **kwargs: Any) -> tqdm:
         bar_format="{desc}: {n_fmt}/{total_fmt}{unit} ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}{postfix}]",
         **kwargs,
     )
+    bar.only_if_slow = only_if_slow
+    return bar
 
 
 def vllm_progress(desc: str, unit: str = "prompts") -> Callable[..., Any]:
@@ -68,7 +76,7 @@ def vllm_progress(desc: str, unit: str = "prompts") -> Callable[..., Any]:
     def make(iterable: Iterable[Any] | None = None, **kwargs: Any) -> Any:
         if iterable is not None:  # vLLM's prompt rendering: quick, no bar
             return iterable
-        return progress(kwargs["total"], desc, unit, postfix=kwargs.get("postfix"))
+        return progress(kwargs["total"], desc, unit, only_if_slow=True, postfix=kwargs.get("postfix"))
 
     return make
 

@@ -57,3 +57,17 @@ def test_verbose_prints_everything_and_writes_no_file(tmp_path):
         assert line in out.stderr
     assert "[train] step 1/2" in out.stdout and "file: None" in out.stdout
     assert not (tmp_path / "logs").exists()
+
+
+def test_bars_off_a_terminal_print_their_end_not_their_start(capsys):
+    from raypipe.progress import progress
+
+    bar = progress(3, "[prepare] shards", "shards")
+    for _ in range(3):
+        bar.update()
+    bar.close()
+    quick = progress(2, "[eval] trained drafter, temperature 0", "prompts", only_if_slow=True)
+    quick.update(2)
+    quick.close()
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[prepare] shards: 3/3 shards (100%)"), lines
