@@ -10,7 +10,7 @@ if [ ! -f "$lock" ]; then
     echo "scripts/bootstrap.sh: no lock for '$kind'; the kinds are: $(basename -s .txt locks/*.txt | xargs)" >&2
     exit 2
 fi
-python3 -m venv .venv
+[ -x .venv/bin/python ] || python3 -m venv .venv  # again, it would run ensurepip each time (5-20 s)
 stamp=".venv/.raypipe-installed"
 want="$(cat pyproject.toml "$lock" scripts/bootstrap.sh | sha256sum | cut -c1-16) $kind"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
