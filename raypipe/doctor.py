@@ -32,7 +32,7 @@ from raypipe.storage import Storage, is_url
 from raypipe.target import BUILTIN_TARGETS
 
 BUILTIN_WEIGHTS = GIB // 10  # every builtin target is under 0.1 GiB; counted so, without building it
-INSTALL = "bash scripts/bootstrap.sh cpu (or pip install -e '.[cpu]'; '.[gpu]' on GPU machines)"
+INSTALL = "bash scripts/bootstrap.sh cpu (gpu on GPU machines): it installs the versions in locks/"
 
 
 @dataclass(frozen=True)

@@ -72,10 +72,12 @@ def test_node_types_fit_the_recipes(layout: str) -> None:
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-def test_the_image_is_pinned_and_the_nodes_install_raypipe(layout: str) -> None:
+def test_the_image_is_pinned_and_the_nodes_install_raypipe_with_the_gpu_lock(layout: str) -> None:
     CLUSTER = LAYOUTS[layout]
     assert CLUSTER["docker"]["image"].startswith(f"rayproject/ray:{ray.__version__}-py311")
-    assert any("pip install" in c and "raypipe" in c for c in CLUSTER["setup_commands"])
+    assert any(
+        "pip install -c /home/ray/raypipe/locks/gpu.txt" in c and "raypipe[gpu]" in c for c in CLUSTER["setup_commands"]
+    )  # the versions of locks/gpu.txt
     assert not any(
         "uninstall" in c for c in CLUSTER["setup_commands"]
     )  # GPU nodes keep torchvision: vLLM imports it for Qwen3.5/3.6
