@@ -145,7 +145,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     from raypipe.train.drafter import drafter_config, loss_implementation, step_kwargs
     from raypipe.train.metrics import StepMetrics
     from raypipe.train.rows import Row
-    from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
+    from raypipe.train.step import TrainState, make_optimizer, place_drafter, precision, train_step
 
     tc = TrainConfig(
         output="unused",
@@ -166,11 +166,17 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
                     param.normal_(0.0, 0.02)
     install_row_anchors(drafter, tc.objective.max_anchors)
     model = place_drafter(drafter, strategy, device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, lr=1e-4, weight_decay=0.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)
     autocast, dtype = precision(device)
-    kwargs = {**step_kwargs(tc), "max_anchors": args.anchors}  # one row of args.seq supervised tokens
+    state = TrainState(
+        drafter,
+        model,
+        optimizer,
+        torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0),
+        tc.optim.grad_clip,
+        step_kwargs(tc),
+        autocast,
+    )
     n_layers, hidden = len(target.layer_ids), target.shape.hidden_size
     states = torch.randn(args.seq, n_layers, hidden).to(torch.bfloat16)
     rng = np.random.default_rng(0)
@@ -190,9 +196,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
             sync()
             start = time.perf_counter()
             compile_s = start - t0
-        model_metrics = train_step(
-            model, params, optimizer, scheduler, batch, kwargs, tc.optim.grad_clip, 1.0, autocast
-        )
+        model_metrics = train_step(state, batch, args.anchors)  # one row of args.seq supervised tokens
         metrics.add(model_metrics, tokens=float(args.seq))
         if (i + 1) % args.log_every == 0:
             logged.append(metrics.reduce())
@@ -217,7 +221,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
         "attention": config.transformer_layer_config._attn_implementation
         if hasattr(config.transformer_layer_config, "_attn_implementation")
         else None,
-        "loss": f"{'+'.join(kwargs['loss_config'])} ({loss_implementation(tc)})",
+        "loss": f"{'+'.join(state.kwargs['loss_config'])} ({loss_implementation(tc)})",
         "step_s": seconds,
         "tokens_per_s": args.seq / seconds,
         "first_steps_s": compile_s,
@@ -234,7 +238,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
             peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30,
         )
         torch.cuda.reset_peak_memory_stats(device)
-    del model, drafter, optimizer, params
+    del model, drafter, optimizer, state
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return out

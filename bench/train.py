@@ -75,22 +75,18 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     from raypipe.target import resolve_target
     from raypipe.train.anchors import anchor_count, install_row_anchors
     from raypipe.train.batches import drafter_inputs, pack_host
-    from raypipe.train.drafter import build_drafter, step_kwargs
-    from raypipe.train.plan import lr_factor
+    from raypipe.train.drafter import build_drafter
     from raypipe.train.states import StateCache, stream_states
-    from raypipe.train.step import make_optimizer, precision, train_step
+    from raypipe.train.step import TrainState, precision, train_step
 
     tc = cfg.train
     target = resolve_target(cfg.serve)
     rows, plan = first_epoch(cfg)
     model = build_drafter(target, tc, None)
     install_row_anchors(model, tc.objective.max_anchors)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, tc.optim.lr, tc.optim.weight_decay)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, steps, tc.optim.warmup_ratio))
+    state = TrainState.create(model, model, tc, torch.device("cpu"), steps)  # one process: the drafter unwrapped
     cache = StateCache(Storage(tc.states.cache, {}), cfg.serve.model, list(target.layer_ids))
-    autocast, dtype = precision(torch.device("cpu"))
-    kwargs = step_kwargs(tc)
+    dtype = precision(torch.device("cpu"))[1]
     packs = [[rows.row(int(i)) for i in plan.packs[s]] for s in range(steps)]
     torch.manual_seed(tc.schedule.seed * 1_000_003)
     out = []
@@ -103,17 +99,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
         anchors = anchor_count(
             [r.loss_mask for r in pack], tc.objective.max_anchors, tc.objective.max_pack_anchors, tc.drafter.block_size
         )
-        train_step(
-            model,
-            params,
-            optimizer,
-            scheduler,
-            batch,
-            {**kwargs, "max_anchors": anchors},
-            tc.optim.grad_clip,
-            1.0,
-            autocast,
-        )
+        train_step(state, batch, anchors)
         out.append(
             {
                 "step": step,

@@ -6,8 +6,9 @@
    (raypipe.train.plan) from the row lengths with replies.
 3. Model (`Trainer.__init__`): the drafter on the training device, frozen
    embedding and heads in bf16 on GPUs, wrapped for DDP or FSDP2 (bf16
-   parameters, fp32 gradient reduction), optimizer and schedule, restored
-   from the last checkpoint if the worker group restarted.
+   parameters, fp32 gradient reduction), optimizer and schedule, bundled with
+   the progress in one TrainState (raypipe.train.step), restored from the
+   last checkpoint if the worker group restarted.
 4. Steps (`Trainer.run`, one `Trainer.train_one` each): hidden states of
    the next `prefetch` steps are in flight; a background thread packs each
    step and copies it to the device (raypipe.train.batches); metrics stay on
@@ -51,14 +52,14 @@ from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
 from raypipe.train.anchors import anchor_count, install_row_anchors
 from raypipe.train.batches import DeviceFeeder, Step
-from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
-from raypipe.train.drafter import build_drafter, step_kwargs
+from raypipe.train.checkpoint import load_checkpoint, save_checkpoint
+from raypipe.train.drafter import build_drafter
 from raypipe.train.ledger import Ledger
 from raypipe.train.metrics import StepMetrics, TrainMetrics, tracked
-from raypipe.train.plan import EpochPlan, lr_factor, plan_epoch
+from raypipe.train.plan import EpochPlan, plan_epoch
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
-from raypipe.train.step import make_optimizer, place_drafter, precision, train_step
+from raypipe.train.step import TrainState, place_drafter, precision, train_step
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
 
@@ -140,23 +141,20 @@ class Trainer:
 
         tc = w.cfg.train
         self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
-        self.drafter = build_drafter(w.target, tc, read_draft_vocab(w.cfg, w.target.shape.vocab_size))
-        install_row_anchors(self.drafter, tc.objective.max_anchors)
-        self.model = place_drafter(self.drafter, tc.run.strategy, w.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, tc.optim.lr, tc.optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, total_steps, tc.optim.warmup_ratio)
+        drafter = build_drafter(w.target, tc, read_draft_vocab(w.cfg, w.target.shape.vocab_size))
+        install_row_anchors(drafter, tc.objective.max_anchors)
+        self.state = TrainState.create(
+            drafter, place_drafter(drafter, tc.run.strategy, w.device), tc, w.device, total_steps
         )
-        self.state = TrainingState()
         self.ledger = Ledger(w.folders.ledger, w.rank)
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
-                self.state = load_checkpoint(Path(d), self.model, self.optimizer, self.scheduler)
+                load_checkpoint(Path(d), self.state)
+        progress = self.state.progress
         dist.barrier()
         if w.rank == 0:
-            self.ledger.drop_after(self.state.epoch, self.state.cursor)
+            self.ledger.drop_after(progress.epoch, progress.cursor)
         dist.barrier()
         self.provenance = {
             "raypipe_version": __version__,
@@ -175,7 +173,7 @@ class Trainer:
         )
         self.prometheus = TrainMetrics(w.cfg.name) if w.rank == 0 else None
         self.trackers = Trackers.start(w.cfg) if w.rank == 0 else None  # beside the Prometheus metrics
-        self.started = (time.perf_counter(), self.state.step)  # the progress lines' rate and ETA
+        self.started = (time.perf_counter(), progress.step)  # the progress lines' rate and ETA
         self.last_line = 0.0
         self.metrics = StepMetrics(w.device)
         self.since_checkpoint = {
@@ -183,9 +181,8 @@ class Trainer:
             "trained": 0.0,
             "nonfinite_steps": 0.0,
         }  # loss weighted by the steps that trained
-        self.kwargs = step_kwargs(tc)
-        self.autocast, self.states_dtype = precision(w.device)
-        torch.manual_seed(tc.schedule.seed * 1_000_003 + w.rank * 7_919 + self.state.step)  # anchors per rank and step
+        self.states_dtype = precision(w.device)[1]
+        torch.manual_seed(tc.schedule.seed * 1_000_003 + w.rank * 7_919 + progress.step)  # anchors per rank and step
 
     def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
         """This rank's packs of `count` steps from `cursor`; a rank without a pack in the epoch's last step repeats its
@@ -208,37 +205,39 @@ class Trainer:
         """Reduce the interval's metrics (a collective), then report them from rank 0; stop a run that no longer learns
         (every rank reads the same skip counts, so every rank raises)."""
         m = self.metrics.reduce()
-        stop_if_diverged(m, self.w.cfg, self.state.step)
+        progress = self.state.progress
+        stop_if_diverged(m, self.w.cfg, progress.step)
         trained = m["steps"] - m["nonfinite_steps"]
         interval = self.since_checkpoint
         interval["loss"] += m["loss"] * trained if trained else 0.0
         interval["trained"] += trained
         interval["nonfinite_steps"] += m["nonfinite_steps"]
         m.update(
-            epoch=self.state.epoch,
-            step=self.state.step,
+            epoch=progress.epoch,
+            step=progress.step,
             lr=lr,
             wait_fraction=m["wait_s"] / max(m["step_s"], 1e-9),
             tokens_per_s=m["tokens"] / max(m["step_s"] / self.w.world, 1e-9),
         )
         if self.prometheus is not None and self.trackers is not None:
             self.prometheus.record(m)
-            self.trackers.log(tracked(m), self.state.step)
+            self.trackers.log(tracked(m), progress.step)
             self.ledger.log(m)
             now = time.perf_counter()
-            if now - self.last_line >= LINE_EVERY_S or self.state.step >= self.total_steps:
+            if now - self.last_line >= LINE_EVERY_S or self.state.progress.step >= self.total_steps:
                 self.last_line = now  # every interval goes to the trackers; the console gets a line every 30 s
                 logger("train").info(self.progress_line(m))
         return m
 
     def progress_line(self, m: dict[str, float]) -> str:
         """One line per logged interval (rank 0): where the run is, how it learns, how fast, how long it has left."""
-        step, total = self.state.step, self.total_steps
+        progress = self.state.progress
+        step, total = progress.step, self.total_steps
         since, first = self.started
         rate = (step - first) / max(time.perf_counter() - since, 1e-9)
         skipped = f", skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
         return (
-            f"step {step}/{total} ({100 * step / total:.0f}%) epoch {self.state.epoch}: loss {m['loss']:.4f}, "
+            f"step {step}/{total} ({100 * step / total:.0f}%) epoch {progress.epoch}: loss {m['loss']:.4f}, "
             f"τ~{m['tau_estimate']:.2f}, {m['tokens_per_s']:.0f} tok/s, wait {100 * m['wait_fraction']:.0f}%{skipped}; "
             f"{rate:.2f} steps/s, {duration((total - step) / rate) if rate > 0 else '?'} left"
         )
@@ -249,20 +248,10 @@ class Trainer:
         seconds, so it is only called here."""
         import ray.train
 
-        self.ledger.flush(self.state.cursor)
+        self.ledger.flush(self.state.progress.cursor)
         interval = self.since_checkpoint
         with tempfile.TemporaryDirectory() as tmp:
-            save_checkpoint(
-                Path(tmp),
-                self.model,
-                self.drafter,
-                self.optimizer,
-                self.scheduler,
-                self.state,
-                self.w.cfg.model_dump(),
-                self.provenance,
-                write=self.w.rank == 0,
-            )
+            save_checkpoint(Path(tmp), self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
             report = {k: m[k] for k in ("step", "epoch", "loss", "tau_estimate")}
             report.update(
                 train_loss=interval["loss"] / interval["trained"] if interval["trained"] else float("nan"),
@@ -275,19 +264,19 @@ class Trainer:
 
     def run(self) -> None:
         """Every epoch from where the restored state stopped, to the end of the epochs or of `total_steps`."""
-        state = self.state
-        while state.epoch < self.tc.schedule.epochs and state.step < self.total_steps:
-            plan = self.plans[state.epoch]
-            count = min(plan.steps(self.w.world, state.cursor), self.total_steps - state.step)
-            self.model.train()
-            steps = self.with_states(self.steps_of_epoch(plan, state.cursor, count))
+        progress = self.state.progress
+        while progress.epoch < self.tc.schedule.epochs and progress.step < self.total_steps:
+            plan = self.plans[progress.epoch]
+            count = min(plan.steps(self.w.world, progress.cursor), self.total_steps - progress.step)
+            self.state.model.train()
+            steps = self.with_states(self.steps_of_epoch(plan, progress.cursor, count))
             tick = time.perf_counter()
             for step, batch in DeviceFeeder(steps, self.w.device, self.states_dtype):
                 self.train_one(plan, step, batch, started=tick, waited=time.perf_counter() - tick)
                 tick = time.perf_counter()
-            if state.cursor >= len(plan.packs):
-                state.epoch += 1
-                state.cursor = 0
+            if progress.cursor >= len(plan.packs):
+                progress.epoch += 1
+                progress.cursor = 0
         if self.trackers is not None:
             self.trackers.close()
 
@@ -306,30 +295,20 @@ class Trainer:
     ) -> None:
         """One optimizer step (at zero weight for a rank's padding step), counted in the metrics and the ledger; then
         the log and the checkpoint when due."""
-        tc, state = self.tc, self.state
-        lr = self.optimizer.param_groups[0]["lr"]
+        tc, progress = self.tc, self.state.progress
+        lr = self.state.optimizer.param_groups[0]["lr"]
         real = step.index is not None
-        model_metrics = train_step(
-            self.model,
-            self.params,
-            self.optimizer,
-            self.scheduler,
-            batch,
-            {**self.kwargs, "max_anchors": self.anchors(step)},
-            tc.optim.grad_clip,
-            1.0 if real else 0.0,
-            self.autocast,
-        )
-        self.ledger.add(state.epoch, state.cursor, [r.sample_id for r in step.rows] if real else [])
-        state.step += 1
-        state.cursor = min(state.cursor + self.w.world, len(plan.packs))
+        model_metrics = train_step(self.state, batch, self.anchors(step), weight=1.0 if real else 0.0)
+        self.ledger.add(progress.epoch, progress.cursor, [r.sample_id for r in step.rows] if real else [])
+        progress.step += 1
+        progress.cursor = min(progress.cursor + self.w.world, len(plan.packs))
         tokens = float(batch["input_ids"].shape[1]) if real else 0.0
         self.metrics.add(
             model_metrics, tokens=tokens, wait_s=waited, step_s=time.perf_counter() - started, **step.sources
         )
-        at_end = state.cursor >= len(plan.packs) or state.step >= self.total_steps
-        checkpoint = state.step % tc.run.checkpoint_every == 0 or at_end
-        if state.step % tc.run.log_every == 0 or checkpoint:
+        at_end = progress.cursor >= len(plan.packs) or progress.step >= self.total_steps
+        checkpoint = progress.step % tc.run.checkpoint_every == 0 or at_end
+        if progress.step % tc.run.log_every == 0 or checkpoint:
             m = self.log(lr)
             if checkpoint:
                 self.checkpoint(m)

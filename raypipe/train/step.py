@@ -1,7 +1,14 @@
-"""One optimizer step of the drafter on its device: precision, placement and the step itself (torch only).
+"""One optimizer step of the drafter on its device: precision, placement, the state a step changes and the step
+itself (no Ray).
 
 Kept apart from the loop so the GPU check (bench/gpu_check.py) runs exactly
 this code on a machine without Ray.
+
+`TrainState` bundles what a step changes and a checkpoint holds: the
+drafter (unwrapped and as placed), optimizer, schedule, progress, and the
+settings every step uses. Like torchtitan's stateful components, its
+`state_dict` / `load_state_dict` are what a checkpoint saves and restores
+(raypipe.train.checkpoint lays them out in files).
 
 A step whose loss or gradient norm is NaN or Inf is skipped on the device,
 without a host sync: AdamW is fused, and its step takes a `found_inf` flag
@@ -13,11 +20,23 @@ ranks never diverge. The loop counts skipped steps (raypipe.train.metrics).
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.tensor import DTensor
+
+from raypipe.config import TrainConfig
+from raypipe.train.drafter import step_kwargs
+from raypipe.train.plan import lr_factor
 
 NONFINITE = "nonfinite"  # key of the step's skip flag among the metrics train_step returns
 
@@ -70,32 +89,86 @@ def any_rank(flag: torch.Tensor) -> torch.Tensor:
     return flag
 
 
+@dataclass
+class Progress:
+    """Where training stands: what a resume continues from."""
+
+    epoch: int = 0
+    step: int = 0  # optimizer steps taken, all epochs
+    cursor: int = 0  # packs of `epoch` consumed (raypipe.train.plan)
+
+
+@dataclass
+class TrainState:
+    """What a training step changes and a checkpoint holds, with the settings every step uses."""
+
+    drafter: Any  # the speculators drafter: its save_pretrained writes a checkpoint's weights
+    model: torch.nn.Module  # the drafter as placed (DDP, FSDP2, or the drafter itself)
+    optimizer: torch.optim.Optimizer  # fused AdamW (make_optimizer)
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    grad_clip: float
+    kwargs: dict[str, Any]  # the drafter's forward settings (raypipe.train.drafter.step_kwargs)
+    autocast: AbstractContextManager[Any]
+    progress: Progress = field(default_factory=Progress)
+    params: list[torch.nn.Parameter] = field(init=False)  # the trainable ones, clipped each step
+
+    def __post_init__(self) -> None:
+        assert self.optimizer.defaults.get("fused"), (
+            "train_step skips non-finite steps through fused AdamW's found_inf: build the optimizer with make_optimizer"
+        )
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    @classmethod
+    def create(
+        cls, drafter: Any, model: torch.nn.Module, cfg: TrainConfig, device: torch.device, total_steps: int
+    ) -> TrainState:
+        """A run's state at step 0: AdamW and the warm-up and cosine schedule over `total_steps` from `train.optim`."""
+        optimizer = make_optimizer(
+            [p for p in model.parameters() if p.requires_grad], cfg.optim.lr, cfg.optim.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: lr_factor(s, total_steps, cfg.optim.warmup_ratio)
+        )
+        return cls(drafter, model, optimizer, scheduler, cfg.optim.grad_clip, step_kwargs(cfg), precision(device)[0])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full (unsharded) trainable weights and optimizer state on the CPU, schedule and progress. A collective
+        (every rank calls it): the same dict whatever the placement, so a checkpoint loads on any number of
+        workers."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {
+            "model": get_model_state_dict(self.model, options=options),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
+            "scheduler": self.scheduler.state_dict(),
+            "progress": asdict(self.progress),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a `state_dict` on every rank; "model" may hold the trainable weights only (the frozen ones come
+        from the target)."""
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(self.model, state["model"], options=options)
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.progress = Progress(**state["progress"])
+
+
 def train_step(
-    model: torch.nn.Module,
-    params: list[torch.nn.Parameter],
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    batch: dict[str, torch.Tensor],
-    kwargs: dict[str, Any],
-    grad_clip: float,
-    weight: float,
-    autocast: AbstractContextManager[Any],
+    state: TrainState, batch: dict[str, torch.Tensor], max_anchors: int, weight: float = 1.0
 ) -> dict[str, torch.Tensor]:
-    """One optimizer step on one packed sequence; returns the drafter's metrics and `NONFINITE` (1.0 when the step was
+    """One optimizer step on one packed sequence (`max_anchors`: its anchors, raypipe.train.anchors.anchor_count;
+    `weight` 0 for a rank's padding step); returns the drafter's metrics and `NONFINITE` (1.0 when the step was
     skipped), all device tensors, none read here. The schedule advances either way: it follows the data, not the
-    updates."""
-    assert optimizer.defaults.get("fused"), (
-        "train_step skips non-finite steps through fused AdamW's found_inf: build the optimizer with make_optimizer"
-    )
-    with autocast:
-        _, loss, model_metrics = model(**batch, **kwargs)
+    updates. `state.progress` is the caller's to advance."""
+    with state.autocast:
+        _, loss, model_metrics = state.model(**batch, **state.kwargs, max_anchors=max_anchors)
     (loss * weight).backward()
-    norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    norm = torch.nn.utils.clip_grad_norm_(state.params, state.grad_clip)
     if isinstance(norm, DTensor):  # FSDP2: a collective, the same on every rank
         norm = norm.full_tensor()
     skipped = any_rank((~(torch.isfinite(loss.detach()) & torch.isfinite(norm))).to(torch.float32))
-    optimizer.found_inf = skipped  # type: ignore[attr-defined]  # read by the fused step: no update where it is 1
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
+    state.optimizer.found_inf = skipped  # type: ignore[attr-defined]  # read by the fused step: no update where it is 1
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
     return {**model_metrics, NONFINITE: skipped}

@@ -10,9 +10,10 @@ import torch
 from raypipe.config import REDACTED, RaypipeConfig, TrainConfig, load_config, redact
 from raypipe.pipeline import StageLog, eval_fingerprint, prepare_fingerprint, train_fingerprint
 from raypipe.target import resolve_target
-from raypipe.train.checkpoint import TrainingState, save_checkpoint
+from raypipe.train.checkpoint import save_checkpoint
 from raypipe.train.drafter import build_drafter
 from raypipe.train.launcher import build_trainer
+from raypipe.train.step import TrainState
 from tests.conftest import serve_config
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
@@ -95,30 +96,16 @@ def test_stage_log_records_carry_no_credentials(tmp_path: Path) -> None:
 def test_checkpoint_config_json_is_redacted(tiny_target: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     target = resolve_target(serve_config(tiny_target))
-    drafter = build_drafter(
-        target,
-        TrainConfig(
-            output="unused",
-            drafter={"draft_layers": 1, "block_size": 4},
-            objective={"max_anchors": 16},
-            schedule={"step_tokens": 256},
-            run={"use_gpu": False},
-        ),
-        None,
+    tc = TrainConfig(
+        output="unused",
+        drafter={"draft_layers": 1, "block_size": 4},
+        objective={"max_anchors": 16},
+        schedule={"step_tokens": 256},
+        run={"use_gpu": False},
     )
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    save_checkpoint(
-        tmp_path,
-        drafter,
-        drafter,
-        optimizer,
-        scheduler,
-        TrainingState(),
-        cfg.model_dump(),
-        {"target_path": target.path},
-        write=True,
-    )
+    drafter = build_drafter(target, tc, None)
+    state = TrainState.create(drafter, drafter, tc, torch.device("cpu"), total_steps=1)
+    save_checkpoint(tmp_path, state, cfg.model_dump(), {"target_path": target.path}, write=True)
     saved = (tmp_path / "config.json").read_text()
     assert (
         hidden(saved)

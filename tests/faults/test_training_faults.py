@@ -25,13 +25,13 @@ from raypipe.storage import Storage
 from raypipe.target import resolve_target
 from raypipe.train.anchors import install_row_anchors
 from raypipe.train.batches import drafter_inputs, pack_host
-from raypipe.train.checkpoint import TrainingState, load_checkpoint, save_checkpoint
+from raypipe.train.checkpoint import load_checkpoint, save_checkpoint
 from raypipe.train.drafter import build_drafter, step_kwargs
 from raypipe.train.export import export_checkpoint
 from raypipe.train.loop import stop_if_diverged
 from raypipe.train.metrics import StepMetrics
 from raypipe.train.rows import Row
-from raypipe.train.step import NONFINITE, make_optimizer, place_drafter, precision, train_step
+from raypipe.train.step import NONFINITE, Progress, TrainState, make_optimizer, place_drafter, precision, train_step
 from tests.conftest import free_port, serve_config
 
 TOKENS = 64
@@ -51,14 +51,22 @@ class Drafter:
             schedule={"step_tokens": 256, "seed": 0},
             run={"use_gpu": False, "strategy": strategy},
         )
-        self.drafter = build_drafter(self.target, self.tc, None)
-        install_row_anchors(self.drafter, self.tc.objective.max_anchors)
-        self.model = place_drafter(self.drafter, strategy, torch.device("cpu"))
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = make_optimizer(self.params, self.tc.optim.lr, self.tc.optim.weight_decay)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: 1.0)
-        self.autocast, self.dtype = precision(torch.device("cpu"))
-        self.kwargs = step_kwargs(self.tc)
+        drafter = build_drafter(self.target, self.tc, None)
+        install_row_anchors(drafter, self.tc.objective.max_anchors)
+        model = place_drafter(drafter, strategy, torch.device("cpu"))
+        optimizer = make_optimizer(
+            [p for p in model.parameters() if p.requires_grad], self.tc.optim.lr, self.tc.optim.weight_decay
+        )
+        autocast, self.dtype = precision(torch.device("cpu"))
+        self.state = TrainState(
+            drafter,
+            model,
+            optimizer,
+            torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0),
+            self.tc.optim.grad_clip,
+            step_kwargs(self.tc),
+            autocast,
+        )
 
     def batch(self, seed: int, fault: float | None = None) -> dict[str, torch.Tensor]:
         """A packed step of two rows; `fault` (NaN or Inf) written into one position of the second row's states."""
@@ -82,24 +90,16 @@ class Drafter:
     def step(self, seed: int, fault: float | None = None) -> dict[str, torch.Tensor]:
         torch.manual_seed(seed)  # the same anchors for a step, whatever ran before
         return train_step(
-            self.model,
-            self.params,
-            self.optimizer,
-            self.scheduler,
-            self.batch(seed, fault),
-            {**self.kwargs, "max_anchors": 2 * 16},  # two rows of 64 supervised tokens, 16 anchors each
-            self.tc.optim.grad_clip,
-            1.0,
-            self.autocast,
-        )
+            self.state, self.batch(seed, fault), 2 * 16
+        )  # two rows of 64 supervised tokens, 16 anchors each
 
     def weights(self) -> list[torch.Tensor]:
-        return [p.detach().clone() for p in self.params]
+        return [p.detach().clone() for p in self.state.params]
 
     def moments(self) -> list[tuple[float, torch.Tensor, torch.Tensor]]:
         return [
             (float(s["step"]), s["exp_avg"].clone(), s["exp_avg_sq"].clone())
-            for s in (self.optimizer.state[p] for p in self.params)
+            for s in (self.state.optimizer.state[p] for p in self.state.params)
         ]
 
 
@@ -138,7 +138,7 @@ def test_a_non_finite_step_is_skipped_counted_and_leaves_the_model_finite(
     assert [m[0] for m in after] == [m[0] for m in moments] and all(
         torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]) for a, b in zip(after, moments)
     )
-    assert all(p.grad is None for p in d.params)
+    assert all(p.grad is None for p in d.state.params)
     metrics.add(bad)
 
     third = d.step(3)
@@ -179,17 +179,8 @@ def test_too_many_skipped_steps_in_a_row_stop_the_run_with_the_count_and_fixes(
 
 
 def _save(d: Drafter, directory: Path, step: int) -> None:
-    save_checkpoint(
-        directory,
-        d.model,
-        d.drafter,
-        d.optimizer,
-        d.scheduler,
-        TrainingState(step=step),
-        {"name": "faults"},
-        {"target_path": d.target.path},
-        write=True,
-    )
+    d.state.progress.step = step
+    save_checkpoint(directory, d.state, {"name": "faults"}, {"target_path": d.target.path}, write=True)
 
 
 def test_a_model_holding_nan_is_never_checkpointed(tiny_target: str, one_rank_group: Any, tmp_path: Path) -> None:
@@ -197,7 +188,7 @@ def test_a_model_holding_nan_is_never_checkpointed(tiny_target: str, one_rank_gr
     d.step(1)
     _save(d, tmp_path / "good", 1)
     assert (tmp_path / "good" / "drafter" / "model.safetensors").exists()
-    name, param = next((n, p) for n, p in d.model.named_parameters() if p.requires_grad and p.dim() == 2)
+    name, param = next((n, p) for n, p in d.state.model.named_parameters() if p.requires_grad and p.dim() == 2)
     with torch.no_grad():
         param[0, 0] = math.inf
     (tmp_path / "bad").mkdir()
@@ -220,10 +211,11 @@ def test_optimizer_and_scheduler_states_load_with_weights_only(
             tmp_path / name, weights_only=True
         )  # raises on anything but tensors, numbers, strings and containers
     resumed = Drafter(tiny_target)
-    assert load_checkpoint(tmp_path, resumed.model, resumed.optimizer, resumed.scheduler) == TrainingState(step=2)
+    load_checkpoint(tmp_path, resumed.state)
+    assert resumed.state.progress == Progress(step=2)
     assert _equal(resumed.weights(), d.weights())
     assert [(m[0], m[1].tolist()) for m in resumed.moments()] == [(m[0], m[1].tolist()) for m in d.moments()]
-    assert resumed.scheduler.state_dict()["last_epoch"] == d.scheduler.state_dict()["last_epoch"] == 2
+    assert resumed.state.scheduler.state_dict()["last_epoch"] == d.state.scheduler.state_dict()["last_epoch"] == 2
     d.step(3)
     resumed.step(3)
     assert _equal(resumed.weights(), d.weights()), "the resumed optimizer takes the same step"
