@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from raypipe.compat.ray import object_store_memory_proportion
 from raypipe.config import RaypipeConfig, load_config
 from raypipe.node_memory import GIB, engine_fit, engine_node, engine_weights, numa_nodes
 from raypipe.preflight import problems
@@ -94,12 +95,10 @@ def _memory(cfg: RaypipeConfig) -> list[Check]:
 
 def _shm() -> Check:
     """Ray's object store takes 30% of the memory by default, in /dev/shm when that holds it (else slower /tmp)."""
-    from ray._private.ray_constants import DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
-
     if not os.path.isdir("/dev/shm"):
         return Check("/dev/shm", False, "missing", "mount a tmpfs at /dev/shm")
     free = shutil.disk_usage("/dev/shm").free
-    store = psutil.virtual_memory().total * DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+    store = psutil.virtual_memory().total * object_store_memory_proportion()
     detail = f"{free / GIB:.1f} GiB free; Ray's object store takes {store / GIB:.1f} GiB there"
     fix = f"give /dev/shm at least {store / GIB:.0f} GiB (docker run --shm-size={store / GIB:.0f}g)"
     return Check("/dev/shm", free >= store, detail, "" if free >= store else fix)

@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     "${uv[@]}" install --python .venv/bin/python --no-deps -e .
     if .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"; then
         # vLLM's Qwen3.5/3.6 module needs torchvision, whose CUDA-built ops cannot load beside the CPU torch.
-        .venv/bin/python -m raypipe.cpu_torchvision
+        .venv/bin/python -m raypipe.compat.cpu_torchvision
     fi
     echo "$want" > "$stamp"
 fi

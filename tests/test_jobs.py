@@ -48,7 +48,7 @@ def check_demo_evaluation(doc: dict) -> None:
     assert not doc["disagreement"], doc["comparisons"]  # the replays agree with vLLM at every temperature
     assert doc["offline_replay"]["steps"] == greedy["drafts"]  # the replay walks vLLM's own verification steps
     # At temperature 1 too: vLLM's rejection sampling, replayed on the tokens it sampled, once the CPU build's
-    # sampler is fixed (raypipe.serve.vllm_cpu_fixes; before, τ at temperature 1 fell to about 1.3).
+    # sampler is fixed (raypipe.compat.vllm_cpu_fixes; before, τ at temperature 1 fell to about 1.3).
     [sampled] = [g for g in doc["vllm"] if g["temperature"] == 1.0]
     assert doc["offline_replay_sampled"][0]["steps"] == sampled["drafts"], doc["offline_replay_sampled"]
     assert len(doc["vllm_cpu_fixes"]) == 2

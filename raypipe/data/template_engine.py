@@ -37,6 +37,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from raypipe.compat.transformers import speed_up_chat_template_sandbox
 from raypipe.data.formats import Reject
 
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -44,16 +45,14 @@ Messages = list[dict[str, Any]]
 
 
 class JinjaEngine:
-    """transformers' own rendering (its sandbox made cheaper, `_speed_up_sandbox`): the reference."""
+    """transformers' own rendering (its sandbox made cheaper, raypipe.compat.transformers): the reference."""
 
     name = "jinja"
 
     def __init__(self, template: str, kwargs: dict[str, Any]) -> None:
-        from transformers.utils.chat_template_utils import _compile_jinja_template  # transformers imports torch
-
         self.template = template
         self.kwargs = kwargs
-        _speed_up_sandbox(_compile_jinja_template(template).environment)
+        speed_up_chat_template_sandbox(template)
 
     def render_with_markers(self, messages: Messages, tools: Any, gen_prompt: bool, markers: bool) -> tuple[str, list]:
         """(text, the character spans of `{% generation %}` blocks when `markers`); raises Reject."""
@@ -247,44 +246,3 @@ PROBES: list[tuple[Messages, Any]] = [
     ([_m("assistant", "A reply before any query"), _m("user", "Now a query")], None),
     ([_m("user", "ünïcödé ✓ 中文 \t tabs"), _m("system", "a later system turn"), _m("assistant", "ok")], None),
 ]
-
-
-_DICT_ATTRIBUTES = frozenset(dir(dict))
-
-
-def _speed_up_sandbox(env: Any) -> None:
-    """Make transformers' Jinja sandbox cheaper without changing what it allows or returns.
-
-    transformers renders templates in jinja2's ImmutableSandboxedEnvironment, where
-    templates spend most of their time in attribute look-ups. Two exact shortcuts:
-    - `is_safe_attribute` looks only at the object's type and the attribute's name
-      (private and internal names, mutating methods of known mutable types), so
-      its verdict is cached per (type, name);
-    - `message.role` on a plain dict: the sandbox first tries a Python attribute,
-      which a dict has only for its own methods, then the key; for names that are
-      not dict methods the key is looked up directly.
-    Rendering gets about a quarter cheaper; the sandbox stays in force.
-    """
-    if getattr(env, "_raypipe_fast", False):
-        return
-    cls = type(env)
-    verdicts: dict[tuple[type, str], bool] = {}
-
-    def is_safe_attribute(obj: Any, attr: str, value: Any) -> bool:
-        key = (type(obj), attr)
-        verdict = verdicts.get(key)
-        if verdict is None:
-            verdict = verdicts[key] = cls.is_safe_attribute(env, obj, attr, value)
-        return verdict
-
-    def getattr_(obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
-            try:
-                return obj[attribute]
-            except KeyError:
-                return env.undefined(obj=obj, name=attribute)
-        return cls.getattr(env, obj, attribute)
-
-    env.is_safe_attribute = is_safe_attribute
-    env.getattr = getattr_
-    env._raypipe_fast = True

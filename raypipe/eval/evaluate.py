@@ -30,6 +30,7 @@ from typing import Any
 
 import ray
 
+from raypipe.compat.ray import metrics_report_interval_s
 from raypipe.config import RaypipeConfig, ServeConfig
 from raypipe.console import logger
 from raypipe.eval.offline import Replay, load_drafter, replay, step_seconds
@@ -76,8 +77,8 @@ def _generate(
     temperatures: list[float],
 ) -> tuple[list[Generation], list[str]]:
     """One vLLM engine: with the exported drafter (its serving contract checked first), an untrained one of its shape,
-    or none; and the fixes to vLLM's CPU kernels that its process installed (raypipe.serve.vllm_cpu_fixes)."""
-    from raypipe.serve import vllm_cpu_fixes
+    or none; and the fixes to vLLM's CPU kernels that its process installed (raypipe.compat.vllm_cpu_fixes)."""
+    from raypipe.compat import vllm_cpu_fixes
     from raypipe.serve.vllm_args import engine_args
     from raypipe.train.drafter import build_drafter
     from raypipe.train.vocab import read_draft_vocab
@@ -320,5 +321,5 @@ def _await_metrics_export(since: float) -> None:
     set by a process that exits before the next export never reaches the metrics endpoint (a job's driver ends right
     after the evaluation, so the dashboard missed τ). Costs at most one export interval (10 s by default) and a
     second."""
-    interval_s = max(ray._config.metrics_report_interval_ms(), 1000) / 1000  # Ray's own floor on the interval
+    interval_s = max(metrics_report_interval_s(), 1.0)  # Ray's own floor on the interval
     time.sleep(max(0.0, since + interval_s + 1 - time.monotonic()))

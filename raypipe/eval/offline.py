@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from raypipe.compat.speculators import block_logits
+
 
 @dataclass
 class Replay:
@@ -87,7 +89,8 @@ def drafted_blocks(
     """The drafter's greedy block after every anchor (each position `loss_mask` marks), in one forward pass:
     (anchors, drafted ids [anchors, block_size - 1]); `states` [T, n_layers, H], as served."""
     t = input_ids.shape[1]
-    _, logits, _, _, _ = drafter._backbone_forward(  # noqa: SLF001 - the model's own block predictions, without its loss
+    logits = block_logits(  # the model's own block predictions, without its loss
+        drafter,
         hidden_states=states[:, :-1, :].reshape(1, t, -1),
         input_ids=input_ids,
         loss_mask=loss_mask,

@@ -84,7 +84,7 @@ class VllmEngine:
             },
             kv_transfer_config=KVTransferConfig(
                 kv_connector="HiddenStatesConnector",
-                kv_connector_module_path="raypipe.serve.connector",
+                kv_connector_module_path="raypipe.compat.vllm_connector",
                 kv_role="kv_producer",
                 kv_connector_extra_config={"shared_storage_path": str(directory)},
             ),

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from raypipe.compat.speculators import select_anchors_with
+
 
 def anchor_count(loss_masks: list[np.ndarray], per_row: int, per_pack: int, block_size: int) -> int:
     """Anchors of a pack of rows (end to end, in order): each row's supervised positions up to `per_row`, the pack's
@@ -68,14 +70,11 @@ def row_anchor_mask(loss_mask: torch.Tensor, document_ids: torch.Tensor, per_row
 def install_row_anchors(drafter: Any, per_row: int) -> None:
     """Make `drafter` (speculators' DFlashDraftModel, this instance only) draw its anchors per row.
 
-    speculators' `_build_attention_mask(loss_mask, max_anchors, document_ids, device)` reads the loss mask only to
-    select anchors; given the chosen positions as its mask and their count, its selection takes exactly them.
+    speculators draws them per pack; raypipe.compat.speculators.select_anchors_with replaces its draw.
     """
-    build = drafter._build_attention_mask  # noqa: SLF001 - speculators' anchor selection, pinned version
-
-    @torch.compiler.disable
-    def build_per_row(loss_mask: torch.Tensor, max_anchors: int, document_ids: torch.Tensor, device: Any) -> Any:
-        chosen = row_anchor_mask(loss_mask, document_ids, per_row, max_anchors, drafter.block_size)
-        return build(chosen.to(loss_mask.dtype), max_anchors, document_ids, device)
-
-    drafter._build_attention_mask = build_per_row  # noqa: SLF001
+    select_anchors_with(
+        drafter,
+        lambda loss_mask, document_ids, max_anchors: row_anchor_mask(
+            loss_mask, document_ids, per_row, max_anchors, drafter.block_size
+        ),
+    )

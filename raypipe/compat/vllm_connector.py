@@ -10,7 +10,16 @@ stream into pinned memory, which fails on the CPU engine ("pin_memory=True
 requires a CUDA or other accelerator backend"). Here the KV cache already is
 host memory: the request's slots are gathered synchronously (a copy, so the
 blocks may be freed at once) and written by the parent's writer threads.
-On CUDA the parent's path is used unchanged.
+On CUDA the parent's path is used unchanged. raypipe.serve.vllm_engine names this module in its
+`kv_connector_module_path`.
+
+Relies on (vLLM 0.32, vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py): the
+parent's private `_submit_async_write(pending)`, called once per finished request; its helpers
+`_write_tensors(tensors, event, filename, lock_fd)` (waits on `event.synchronize()`, writes, closes the lock) and
+`_on_write_done(req_id, future)`; the attributes its `__init__` and `register_kv_caches` set (`_kv_cache`,
+`_is_tp_rank_zero`, `_block_size`, `_lock_fds`, `_req_futures`, `_req_copy_events`, `_executor`, `use_lock`);
+`PendingSave` and `extract_from_kv_cache`. On an upgrade: tests/compat/test_vllm_connector.py, then
+tests/serve/test_vllm_engine.py (a real engine writing real files).
 
 Importable only where vLLM is installed (inside the engine's processes).
 """

@@ -13,10 +13,15 @@ parts of torchvision import as usual. raypipe never calls the ops. Where the ops
 load (GPU nodes keep the real torchvision and do not install the hook), it does
 nothing.
 
-`python -m raypipe.cpu_torchvision` installs the hook into the running
+`python -m raypipe.compat.cpu_torchvision` installs the hook into the running
 environment as a `.pth` file, so it is active in every process started from it,
 vLLM's engine processes and Ray's workers included; `scripts/bootstrap.sh` does
 this for CPU installs. It costs nothing until torchvision is imported.
+
+Relies on (torchvision 0.28.0 from PyPI beside torch 2.13.0+cpu): torchvision's import needs only the schemas of
+`torchvision::nms` and `torchvision::qnms` when its `_C` library cannot load. On an upgrade:
+tests/compat/test_cpu_torchvision.py (it also checks that the import still fails without the hook; when it no
+longer does, the hook can go).
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ def install_pth() -> Path:
     path = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
     path.write_text(
         "import importlib.util; importlib.util.find_spec('raypipe') and "
-        "__import__('raypipe.cpu_torchvision').cpu_torchvision.install_hook()\n"
+        "__import__('raypipe.compat.cpu_torchvision').compat.cpu_torchvision.install_hook()\n"
     )
     return path
 

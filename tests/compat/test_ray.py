@@ -1,0 +1,35 @@
+"""Ray 2.60's private names that raypipe.compat.ray reads still mean what raypipe relies on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from raypipe.compat.ray import checkpoint_snapshot_filename, metrics_report_interval_s, object_store_memory_proportion
+
+
+def test_the_object_store_takes_the_proportion_of_a_nodes_memory_by_default() -> None:
+    from ray._private.utils import resolve_object_store_memory
+
+    assert 0 < object_store_memory_proportion() < 1
+    assert resolve_object_store_memory(2**30) == int(2**30 * object_store_memory_proportion())
+
+
+def test_ray_train_restores_a_run_only_from_a_folder_with_the_checkpoint_snapshot(tmp_path: Path) -> None:
+    from ray.train import Result
+
+    with pytest.raises(RuntimeError, match=f"{checkpoint_snapshot_filename()} doesn't exist"):
+        Result.from_path(str(tmp_path))
+
+
+def test_the_metrics_report_interval_is_rays_config_in_effect() -> None:
+    code = "from raypipe.compat.ray import metrics_report_interval_s; print(metrics_report_interval_s())"
+    env = {**os.environ, "RAY_metrics_report_interval_ms": "2500"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["2.5"]
+    assert metrics_report_interval_s() > 0
