@@ -11,7 +11,19 @@ PACKAGE = Path(raypipe.__file__).parent
 STAGES = ("data", "serve", "train", "eval")
 # Modules every stage may use; they import no stage. (cli, pipeline, preflight, doctor, docs and dashboard drive the
 # stages, so they import them.)
-BASE = ("config", "target", "layout", "storage", "sizing", "heap", "node_memory", "progress", "console", "assets")
+BASE = (
+    "config",
+    "target",
+    "layout",
+    "storage",
+    "sizing",
+    "heap",
+    "node_memory",
+    "progress",
+    "console",
+    "assets",
+    "compat",
+)
 MAX_LINES = 500
 
 
