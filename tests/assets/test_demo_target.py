@@ -116,7 +116,7 @@ def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp
     from raypipe.data.prepare import ShardPreparer
     from raypipe.data.sources import plan_chunks
     from raypipe.data.tokenizer import resolve_tokenizer
-    from tests.conftest import data_config
+    from tests.helpers import data_config
 
     rng = random.Random(5)
     conversations = [c for c in (make_conversation(rng) for _ in range(60)) if len(c) == 2][

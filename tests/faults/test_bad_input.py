@@ -16,7 +16,6 @@ from raypipe.data.pipeline import run_prepare
 from raypipe.data.prepare import RAW_BYTES, ShardPreparer
 from raypipe.data.render import ChatRenderer
 from raypipe.data.sources import plan_chunks
-from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec, renderer
 from tests.faults.bad_inputs import (
     BAD_KINDS,
     MAX_LENGTH,
@@ -27,6 +26,7 @@ from tests.faults.bad_inputs import (
     bad_files,
     bad_jsonl,
 )
+from tests.helpers import data_config, prepare_lines, prepare_records, qwen_spec, renderer
 
 U = {"role": "user", "content": "Hi"}
 
