@@ -310,6 +310,20 @@ def main() -> None:
             print(json.dumps(report["runs"][-1]), file=sys.stderr, flush=True)
     dist.destroy_process_group()
     print(json.dumps(report, indent=1))
+    if device.type == "cuda" and not args.tiny:  # CI's toy run on CPU says only that the path runs: not a figure
+        from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
+        figures = []
+        for run in report["runs"]:
+            name = run["strategy"]
+            figures += [
+                figure(f"{name}: step at the Qwen3-8B shape", run["step_s"], "s"),
+                figure(f"{name}: tokens/s per GPU", round(run["tokens_per_s"]), "tokens/s"),
+                figure(f"{name}: peak GPU memory", run["peak_memory_gib"], "GiB"),
+            ]
+            if run["mfu"] is not None:  # a GPU whose dense bf16 peak PEAK_BF16 lists
+                figures.append(figure(f"{name}: MFU", 100 * run["mfu"], "%"))
+        record("gpu_check", figures)
 
 
 if __name__ == "__main__":
