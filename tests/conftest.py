@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     One stream alone leaves a core idle for much of its time (waiting on an autoscaler, a deploy, a single-threaded
     build). Two streams with the unit tests after them took 1,587 s; the unit tests beside them, 1,502 s. Four
     streams kept the cores busy (6% idle) but ran the machine short of memory (20.6 of 23 GiB used, an engine refused):
-    BENCHMARKS.md, issue 14."""
+    docs/benchmarks_log.md, issue 14."""
     for item in items:
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("cluster"))
