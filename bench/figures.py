@@ -57,8 +57,8 @@ def record(name: str, figures: list[dict[str, Any]]) -> Path:
     result = {
         "benchmark": name,
         "figures": figures,
-        "commit": _commit(),
-        "date": datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "commit": STARTED["commit"],
+        "date": STARTED["date"],
         "command": shlex.join(["python", os.path.relpath(os.path.abspath(sys.argv[0]), ROOT), *sys.argv[1:]]),
         "machine": _machine(),
         "source": MEASURED,
@@ -83,6 +83,11 @@ def _commit() -> str:
         text=True,
     )
     return head.stdout.strip() + (" with uncommitted changes" if changed.stdout.strip() else "")
+
+
+# The code and the time the run started with, taken when the bench imports this module: a commit made while it runs
+# is not the code it measured.
+STARTED = {"commit": _commit(), "date": datetime.now().strftime("%Y-%m-%d %H:%M")}
 
 
 def _machine() -> str:

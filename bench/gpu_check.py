@@ -43,6 +43,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}  # dense bf16 FLOP/s
 # Imported by `import speculators` (its data-generation and EAGLE-3 data modules) but never used by the DFlash
@@ -311,8 +313,6 @@ def main() -> None:
     dist.destroy_process_group()
     print(json.dumps(report, indent=1))
     if device.type == "cuda" and not args.tiny:  # CI's toy run on CPU says only that the path runs: not a figure
-        from figures import figure, record  # bench/ is on sys.path when this runs as a script
-
         figures = []
         for run in report["runs"]:
             name = run["strategy"]
