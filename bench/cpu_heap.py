@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 from raypipe.heap import HEAP_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +139,18 @@ def main() -> None:
         results[name] = {"step": step, "engine_work_cpu_s": engine["work_cpu_s"]}
         print(json.dumps({"arm": name, **results[name]}), flush=True)
     old, new = results["glibc defaults"], results["HEAP_ENV"]
+    record(
+        "cpu_heap",
+        [
+            figure("drafter step, glibc defaults over HEAP_ENV", old["step"]["step_s"] / new["step"]["step_s"], "x"),
+            figure(
+                "engine work CPU, glibc defaults over HEAP_ENV",
+                old["engine_work_cpu_s"] / new["engine_work_cpu_s"],
+                "x",
+            ),
+            figure("drafter step with HEAP_ENV", new["step"]["step_s"], "s"),
+        ],
+    )
     print(
         json.dumps(
             {

@@ -25,6 +25,8 @@ import shutil
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 os.environ["RAYON_NUM_THREADS"] = "1"  # the baseline tokenizes on one core, like each actor
 
 import ray  # noqa: E402
@@ -136,6 +138,26 @@ def main() -> None:
         report[tag] = {"samples": samples, **measure(corpus, tag)}
     ray.shutdown()
     print(json.dumps(report, indent=1))
+    ref, multi = report["reference"], report["multi_turn"]
+    record(
+        "data_throughput",
+        [
+            figure(
+                f"reference corpus ({args.samples:,}), in-process / raw tokenizer",
+                ref["ratio_without_ray_vs_raw"],
+                "x",
+                at_least=0.9,
+            ),
+            figure("reference corpus, Ray per CPU / raw tokenizer", ref["ratio_ray_per_cpu_vs_raw"], "x", at_least=0.7),
+            figure(
+                f"multi-turn mix ({args.multi_turn_samples:,}), in-process / raw tokenizer",
+                multi["ratio_without_ray_vs_raw"],
+                "x",
+                at_least=0.9,
+            ),
+            figure("multi-turn mix, Ray per CPU / raw tokenizer", multi["ratio_ray_per_cpu_vs_raw"], "x", at_least=0.7),
+        ],
+    )
 
 
 if __name__ == "__main__":

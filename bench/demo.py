@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import psutil
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +75,26 @@ def main() -> None:
     stages = {
         p.stem: round(json.loads(p.read_text())["seconds"]) for p in sorted((runs / "train/pipeline").glob("*.json"))
     }
+    figures = [
+        figure(
+            "whole command" + (" (the target's build included)" if build_s else " (target cached)"), round(wall), "s"
+        )
+    ]
+    if build_s:
+        figures.append(figure("the target's build", build_s, "s"))
+    figures += [figure(f"τ in vLLM, T={g['temperature']:g}", g["tau"]) for g in doc["vllm"]]
+    if doc["latency"]:  # None when the evaluation's latency sweep was skipped
+        figures += [
+            figure("time per output token without the drafter over with, concurrency 1", s["tpot"], "x")
+            for s in doc["latency"]["speedup"]
+            if s["concurrency"] == 1
+        ]
+    figures += [
+        figure("τ, untrained drafter", doc["vllm_untrained_drafter"]["tau"]),
+        figure("peak memory, sum of RSS over the process tree", peaks[0] / 2**30, "GiB"),
+    ]
+    if proc.returncode == 0:
+        record(args.recipe, figures)
     print(
         json.dumps(
             {

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 
 from cpu_heap import debug_drafter_step  # bench/ is on sys.path when this runs as a script
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
 
 from raypipe.heap import HEAP_ENV
 
@@ -73,6 +74,14 @@ def main() -> None:
     means = {name: sum(times) / len(times) for name, (_, times) in arms.items()}
     full, reduced = means.values()
     kept = vocab.t2d.numpy()
+    record(
+        "draft_vocab",
+        [
+            figure(f"step, full vocabulary ({vocab_size:,})", full, "s"),
+            figure(f"step, draft vocabulary {args.draft_vocab_size:,}", reduced, "s"),
+            figure("full over draft vocabulary", full / reduced, "x"),
+        ],
+    )
     print(
         json.dumps(
             {

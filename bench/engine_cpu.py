@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -105,6 +107,15 @@ def main() -> None:
         print(json.dumps(results[name]), flush=True)
     ratio = results["multiprocess"]["work_cpu_s"] / results["one-process"]["work_cpu_s"]
     print(json.dumps({"work_cpu_ratio_multiprocess_over_one_process": round(ratio, 2)}))
+    one = results["one-process"]
+    record(
+        "engine_cpu",
+        [
+            figure("work CPU, multiprocess over one process", ratio, "x"),
+            figure("work CPU, one process", one["work_cpu_s"], "s"),
+            figure("engine start, one process", one["start_s"], "s"),
+        ],
+    )
 
 
 if __name__ == "__main__":

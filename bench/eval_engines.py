@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
 
@@ -94,6 +96,10 @@ def main() -> None:
     print(json.dumps({"arm": "one process", "wall_s": round(one_s, 1), "engines": one}))
     print(json.dumps({"arm": "a process each", "wall_s": round(each_s, 1), "engines": each}))
     print(json.dumps({"a_process_each_over_one_process": round(each_s / one_s, 2)}))
+    record(
+        "eval_engines",
+        [figure("wall, a process each over one process", each_s / one_s, "x"), figure("wall, one process", one_s, "s")],
+    )
 
 
 if __name__ == "__main__":

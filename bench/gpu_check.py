@@ -43,6 +43,8 @@ import types
 from pathlib import Path
 from typing import Any
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}  # dense bf16 FLOP/s
 # Imported by `import speculators` (its data-generation and EAGLE-3 data modules) but never used by the DFlash
@@ -314,6 +316,18 @@ def main() -> None:
             print(json.dumps(report["runs"][-1]), file=sys.stderr, flush=True)
     dist.destroy_process_group()
     print(json.dumps(report, indent=1))
+    if device.type == "cuda" and not args.tiny:  # CI's toy run on CPU says only that the path runs: not a figure
+        figures = []
+        for run in report["runs"]:
+            name = run["strategy"]
+            figures += [
+                figure(f"{name}: step at the Qwen3-8B shape", run["step_s"], "s"),
+                figure(f"{name}: tokens/s per GPU", round(run["tokens_per_s"]), "tokens/s"),
+                figure(f"{name}: peak GPU memory", run["peak_memory_gib"], "GiB"),
+            ]
+            if run["mfu"] is not None:  # a GPU whose dense bf16 peak PEAK_BF16 lists
+                figures.append(figure(f"{name}: MFU", 100 * run["mfu"], "%"))
+        record("gpu_check", figures)
 
 
 if __name__ == "__main__":

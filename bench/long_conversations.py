@@ -24,6 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 os.environ["RAYON_NUM_THREADS"] = "1"
 
 from tokenizers import Tokenizer  # noqa: E402
@@ -78,9 +80,10 @@ def counted(chat: ChatRenderer) -> Callable[[], int]:
 
 
 def measure(template: str, exchanges: int, paths: list[tuple[str, ChatRenderer, Callable[[], int]]],
-            backend: Tokenizer) -> None:  # fmt: skip
+            backend: Tokenizer) -> dict[str, float]:  # fmt: skip
+    """Prints a row of the table per path; returns each path's render time in ms."""
     conv = conversation(exchanges)
-    want = None
+    want, render_ms = None, {}
     for name, chat, count in paths:
         before = count()
         seconds, rows = best_of(3, lambda: chat.segment(conv))  # noqa: B023 - called before the loop moves on
@@ -93,6 +96,8 @@ def measure(template: str, exchanges: int, paths: list[tuple[str, ChatRenderer, 
             f"| {template} | {exchanges} | {2 * exchanges} | {len(rows)} | {name} | {renders} | "
             f"{seconds * 1000:.1f} ms | {tokenize * 1000:.1f} ms |"
         )
+        render_ms[name] = seconds * 1000
+    return render_ms
 
 
 def segment_all(chat: ChatRenderer, convs: list[Conversation]) -> list:
@@ -105,7 +110,8 @@ def segment_all(chat: ChatRenderer, convs: list[Conversation]) -> list:
     return out
 
 
-def multi_turn_mix(samples: int) -> None:
+def multi_turn_mix(samples: int) -> float:
+    """Prints the mix's render times both ways; returns every prefix's over one render's."""
     corpus = OUT / f"corpus-multi_turn-{samples}"
     write_corpus(corpus, CorpusSpec(num_samples=samples, mix="multi_turn"))
     convs = []
@@ -128,6 +134,7 @@ def multi_turn_mix(samples: int) -> None:
     print(f"- one render: {t_one:.2f} s; every prefix: {t_every:.2f} s ({t_every / t_one:.2f}x)")
     print(f"- the raw tokenizer on the rows: {t_raw:.2f} s (rendering one way: {t_one / t_raw:.0%} of it; the other: "
           f"{t_every / t_raw:.0%})")  # fmt: skip
+    return t_every / t_one
 
 
 def main() -> None:
@@ -142,8 +149,13 @@ def main() -> None:
         if one.marked is not None:
             paths.insert(0, ("one render", one, counted(one)))
         for exchanges in (5, 25, 100, 250) if one.marked else (5, 25, 100):  # qwen_strict's rows grow as N^2
-            measure(template, exchanges, paths, backend)
-    multi_turn_mix(8_000)
+            render_ms = measure(template, exchanges, paths, backend)
+        if template == "chatml":
+            longest = [figure(f"chatml, {exchanges} exchanges: {path}", ms, "ms") for path, ms in render_ms.items()]
+    record(
+        "long_conversations",
+        [*longest, figure("multi-turn mix: every prefix over one render", multi_turn_mix(8_000), "x")],
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import shutil
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 OUT = Path(__file__).parent / "out" / "replies_bench"
 DEMO = Path(__file__).resolve().parents[1] / "data" / "demo" / "train.jsonl"
@@ -91,6 +93,14 @@ def main() -> None:
         == stored,  # rows keep max_length tokens
     }
     print(json.dumps(report, indent=1))
+    record(
+        "replies",
+        [
+            figure("reply pass over vLLM's offline generate, tokens/s", report["ratio"], "x", at_least=0.9),
+            figure("reply pass", report["reply_pass_tokens_per_s"], "tokens/s"),
+            figure("vLLM's offline generate", report["vllm_offline_tokens_per_s"], "tokens/s"),
+        ],
+    )
 
 
 if __name__ == "__main__":

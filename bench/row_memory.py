@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ("64mib_line", "60_turns")
 
@@ -126,9 +128,14 @@ def main() -> None:
         f"{'case':<11} {'code':<7} {'peak MiB':>9} {'seconds':>8} {'tokens tokenized':>17} {'kept':>5} {'rejected':>8} "
         f"{'reject bytes':>13}  rejects by code"
     )
+    figures = []
     for case in CASES:
         for name, root in versions:
             r = run(case, root)
+            label = {"64mib_line": "64 MiB line", "60_turns": "60 turns"}[case]
+            figures.append(
+                figure(f"{label}, " + ("peak" if name == "after" else "before issue 13"), r["peak_mib"], "MiB")
+            )
             assert r["code"] == str(root / "raypipe"), f"the {name} case ran {r['code']}, not {root}"
             print(
                 f"{case:<11} {name:<7} {r['peak_mib']:>9.1f} {r['seconds']:>8.2f} {r['tokens_tokenized']:>17,} "
@@ -136,6 +143,7 @@ def main() -> None:
                 f"{r['rows_rejected']:>8} {r['reject_record_bytes']:>13,}  {r['rejects_by_code']}",
                 flush=True,
             )
+    record("row_memory", figures)
 
 
 if __name__ == "__main__":

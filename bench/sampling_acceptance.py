@@ -25,6 +25,7 @@ import tempfile
 
 import numpy as np
 import torch
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
 
 from raypipe.eval.offline import drafted_blocks
 
@@ -83,8 +84,11 @@ def main() -> None:
             [0.0, 1e-4, 0.01, 1.0, 1.0],
             max_tokens=cfg.eval.max_tokens,
         )
+        figures = []
         for g in runs:
             s = g.summary()
+            again = " again" if any(f["label"] == f"τ in vLLM, T={s['temperature']:g}" for f in figures) else ""
+            figures.append(figure(f"τ in vLLM, T={s['temperature']:g}{again}", s["tau"]))
             print(json.dumps({"method": "vllm", **{k: s[k] for k in ("temperature", "tau", "drafts")}}), flush=True)
         engine = TransformersEngine(target.path, target.layer_ids, dtype="float32")
         drafter = load_drafter(build_drafter(target, cfg.train, None), export)
@@ -95,6 +99,7 @@ def main() -> None:
             for p, reply in zip(prompts, replies, strict=True)
             for r in expected_runs(drafter, engine, p + reply, len(p), temperature)
         ]
+        figures.append(figure(f"offline rejection sampling τ per anchor, T={temperature:g}", 1 + float(np.mean(runs))))
         print(
             json.dumps(
                 {
@@ -106,6 +111,7 @@ def main() -> None:
             ),
             flush=True,
         )
+    record("sampling_acceptance", figures)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import random
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 LAYERS = (1, 2, 4)
 OUT = Path(__file__).parent / "out"
 
@@ -112,6 +114,15 @@ def main() -> None:
     for batch in batches:
         hf.extract(batch)
     t_hf = time.perf_counter() - start
+    record(
+        "serve_throughput",
+        [
+            figure("Serve over in-process", t_inproc / t_serve, "x", at_least=0.9),
+            figure("vLLM in-process", round(tokens / t_inproc), "tokens/s"),
+            figure("through Serve and the client", round(tokens / t_serve), "tokens/s"),
+            figure("bytes through Ray per token", bytes_through_ray / tokens, "B"),
+        ],
+    )
     print(
         json.dumps(
             {

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import ray
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
 
 from bench.corpus import CorpusSpec, write_corpus
 from raypipe.config import load_config
@@ -93,6 +94,13 @@ def main() -> None:
         report["small_files"]["rows_per_s"] / report["one_file"]["rows_per_s"], 3
     )
     print(json.dumps(report, indent=1))
+    record(
+        "small_files",
+        [
+            figure(f"{args.files:,} small files over one file, rows/s", report["ratio_rows_per_s_small_vs_one"], "x"),
+            figure(f"{args.files:,} small files", report["small_files"]["rows_per_s"], "rows/s"),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import shutil
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 OUT = Path(__file__).parent / "out" / "train_bench"
@@ -232,6 +234,19 @@ def main() -> None:
         "ray_train_fit_wall_s": {"offline": round(offline_wall, 1), "online": round(online_wall, 1)},
     }
     print(json.dumps(report, indent=1))
+    record(
+        "train",
+        [
+            figure("online step over max(extraction, compute)", online["step_s"] / bound, "x", at_most=1.1),
+            figure(
+                "Ray Train offline over the plain loop, tokens/s",
+                offline["tokens_per_s"] / plain["tokens_per_s"],
+                "x",
+                at_least=0.95,
+            ),
+            figure("online trainer's wait for states", 100 * online["wait_fraction"], "%"),
+        ],
+    )
 
 
 if __name__ == "__main__":

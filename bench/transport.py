@@ -30,6 +30,8 @@ import os
 import time
 from pathlib import Path
 
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 T, LAYERS, HIDDEN = 3072, 6, 4096
@@ -120,6 +122,14 @@ def main() -> None:
     ray.shutdown()
     leftover = [str(p) for p in Path("/dev/shm").glob("raypipe-states-*/**/*.safetensors") if "template" not in p.name]
     reclaim_orphans()  # the stopped replica's directory (its template file)
+    memcpy = rates["memcpy_1_thread"]
+    record(
+        "transport",
+        [
+            figure("same node over memcpy", rates["same_node_descriptor"] / memcpy, "x", at_least=0.5),
+            figure("cross node over memcpy", rates["cross_node_array"] / memcpy, "x"),
+        ],
+    )
     print(
         json.dumps(
             {

@@ -31,6 +31,7 @@ import urllib.request
 from pathlib import Path
 
 import ray
+from figures import figure, record  # bench/ is on sys.path when this runs as a script
 
 from bench.corpus import CorpusSpec, write_corpus
 from raypipe.assets.templates import load_template
@@ -197,6 +198,13 @@ def main() -> None:
     report["ratio_conversations_per_s"] = round(t_spec / t_ours, 2)
     report["ratio_tokens_per_s"] = round(report["raypipe"]["tokens_per_s"] / report["speculators"]["tokens_per_s"], 2)
     print(json.dumps(report, indent=1))
+    record(
+        "vs_speculators",
+        [
+            figure("conversations/s over speculators' prepare-data", t_spec / t_ours, "x", at_least=4),
+            figure("tokens/s over speculators' prepare-data", report["ratio_tokens_per_s"], "x"),
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real Qwen vocabulary, a real local Ray cluster, a real S3 API on loopback."""
+"""Shared fixtures (a real local Ray cluster, a real S3 API on loopback, the built targets, a private asset cache)
+and the collection hooks that split the suite into streams; plain helpers are in tests/helpers.py."""
 
 from __future__ import annotations
 
@@ -20,9 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # last, alone, with a core idle. At nice 0 the streams share the cores evenly. The test clusters inherit it.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
-from raypipe.config import DataConfig, ServeConfig  # noqa: E402
-from raypipe.data.render import ChatRenderer  # noqa: E402
-from raypipe.data.tokenizer import TokenizerSpec, resolve_tokenizer  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
@@ -34,7 +33,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     One stream alone leaves a core idle for much of its time (waiting on an autoscaler, a deploy, a single-threaded
     build). Two streams with the unit tests after them took 1,587 s; the unit tests beside them, 1,502 s. Four
     streams kept the cores busy (6% idle) but ran the machine short of memory (20.6 of 23 GiB used, an engine refused):
-    BENCHMARKS.md, issue 14."""
+    docs/benchmarks_log.md, issue 14."""
     for item in items:
         if "ray_cluster" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("cluster"))
@@ -47,67 +46,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if getattr(session.config.option, "loadgroup", False):
         grouped = [i for i in session.items if i.get_closest_marker("xdist_group")]
         assert all("@" in i.nodeid for i in grouped), "pytest-xdist's groups were ignored"
-
-
-def data_config(**overrides: Any) -> DataConfig:
-    base: dict[str, Any] = {
-        "sources": [{"path": "unused"}],
-        "output": "unused",
-        "tokenizer": "builtin:qwen",
-        "chat_template": "qwen_strict",
-    }
-    return DataConfig.model_validate({**base, **overrides})
-
-
-def serve_config(model: str, **overrides: Any) -> ServeConfig:
-    """A service config for CPU tests: no GPU, no custom resource, a 1 GiB KV cache, small limits."""
-    base: dict[str, Any] = {
-        "model": model,
-        "dtype": "float32",
-        "max_model_len": 256,
-        "max_sequences": 8,
-        "max_batch_tokens": 2048,
-        "num_gpus": 0,
-        "num_cpus": 0.5,
-        "resource": None,
-        "kv_cache_gib": 1,
-        "enforce_eager": True,
-    }
-    return ServeConfig.model_validate({**base, **overrides})
-
-
-_SPECS: dict[tuple, tuple] = {}
-
-
-def qwen_spec(template: str = "qwen_strict", thinking: bool = False) -> tuple[Any, TokenizerSpec]:
-    """(HF tokenizer, spec) for the Qwen vocabulary with a project template; cached per process."""
-    key = (template, thinking)
-    if key not in _SPECS:
-        _SPECS[key] = resolve_tokenizer(data_config(chat_template=template, enable_thinking=thinking))
-    return _SPECS[key]
-
-
-def renderer(template: str = "qwen_strict", thinking: bool = False, placeholder: str = "OK.") -> ChatRenderer:
-    _, spec = qwen_spec(template, thinking)
-    return ChatRenderer.of(spec, placeholder)
-
-
-def free_port() -> int:
-    return free_ports(1)[0]
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free ports: all bound at once, since a port closed and re-bound can come back (CI saw it)."""
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -140,20 +78,6 @@ def ray_cluster() -> Iterator[str]:
     ray.shutdown()
 
 
-def scrape_metrics(url: str, names: list[str], timeout_s: float = 90) -> dict[str, list[str]]:
-    """Prometheus lines for each metric name, polling until all are exported (export is periodic)."""
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = urllib.request.urlopen(url, timeout=10).read().decode()
-        found = {n: [line for line in body.splitlines() if line.startswith(n + "{")] for n in names}
-        if all(found.values()) or time.monotonic() > deadline:
-            return found
-        time.sleep(2)
-
-
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[dict[str, Any]]:
     """A real S3 API (moto in server mode) on 127.0.0.1; yields fsspec storage options."""
@@ -169,25 +93,6 @@ def s3_server() -> Iterator[dict[str, Any]]:
     ).create_bucket(Bucket="raypipe")
     yield {"key": "test", "secret": "test", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     server.stop()
-
-
-def prepare_lines(tmp_path: Any, lines: list[bytes], **overrides: Any) -> Any:
-    """Run the (Ray-free) shard preparer over raw JSONL lines; returns the ShardResult."""
-    from raypipe.data.prepare import ShardPreparer
-    from raypipe.data.sources import plan_chunks
-
-    path = tmp_path / "in.jsonl"
-    path.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line in lines))
-    cfg = data_config(sources=[{"path": str(path)}], output=str(tmp_path / "out"), **overrides)
-    _, spec = qwen_spec(cfg.chat_template, cfg.enable_thinking)
-    [chunk] = plan_chunks(cfg.sources, {}, 1 << 30)
-    return ShardPreparer(cfg, spec).prepare(chunk)
-
-
-def prepare_records(tmp_path: Any, records: list[Any], **overrides: Any) -> Any:
-    import json
-
-    return prepare_lines(tmp_path, [json.dumps(r).encode() for r in records], **overrides)
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from tests.conftest import free_ports
+from tests.helpers import free_ports
 
 BIN = Path(sys.executable).parent
 

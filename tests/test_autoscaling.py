@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration

@@ -23,7 +23,7 @@ from PIL import Image
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage
 from raypipe.train.ledger import read_training_curve
-from tests.conftest import free_port
+from tests.helpers import free_port
 from tests.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from raypipe.node_memory import GIB, EngineFit, NodeMemory, check_engine_memory, engine_node, node_memory
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 from tests.small_node import small_node, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]

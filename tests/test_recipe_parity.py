@@ -32,7 +32,7 @@ from raypipe.pipeline import run_pipeline
 from raypipe.train.contract_sides import read_drafter
 from raypipe.train.ledger import read_training_curve
 from raypipe.train.replies import open_rows
-from tests.conftest import free_port, qwen_spec
+from tests.helpers import free_port, qwen_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 

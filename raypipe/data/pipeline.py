@@ -53,7 +53,8 @@ class _PrepareActor:
         cfg = DataConfig.model_validate_json(cfg_json)
         # One tokenizer thread per reserved CPU (the batched call would otherwise use every core), set here before the
         # tokenizer's first batch, not by a runtime_env: an actor with its own runtime_env cannot take one of Ray's
-        # idle workers and starts a new one (about 1 s more to each actor's start on 2 cores, BENCHMARKS.md).
+        # idle workers and starts a new one (about 1 s more to each actor's start on 2 cores,
+        # docs/benchmarks_log.md).
         os.environ["RAYON_NUM_THREADS"] = str(max(1, math.floor(cfg.cpus_per_actor)))
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
         self.preparer = ShardPreparer(cfg, ray.get(spec[0]))  # the spec's one copy, from the object store

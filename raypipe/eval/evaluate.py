@@ -164,7 +164,8 @@ class EngineHosts:
     """The processes the evaluation's engines run in, one engine at a time, each with a Serve replica's resources.
 
     On CPU one actor runs them all: an engine's memory returns when it is collected (the process's RSS stayed flat
-    over five engines in a row, BENCHMARKS.md), and each later engine saves a Ray worker's start and vLLM's import.
+    over five engines in a row, docs/benchmarks_log.md), and each later engine saves a Ray worker's start and vLLM's
+    import.
     On GPUs each engine gets its own actor, since vLLM does not give a GPU's memory back in-process. An actor whose
     engine failed is replaced: a failed start may leave its process half set up. The engine core runs in the actor's
     process, so an engine that cannot start raises vLLM's own error here instead of "Engine core initialization

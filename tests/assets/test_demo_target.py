@@ -79,7 +79,8 @@ def test_training_is_deterministic(tmp_path) -> None:
 
 
 def test_the_qwen36_demo_target_has_qwen36s_architecture_and_the_demo_vocabulary(tmp_path) -> None:
-    """What builtin:demo_qwen36 is, from a two-step build (the full build takes minutes; BENCHMARKS.md, issue 38)."""
+    """What builtin:demo_qwen36 is, from a two-step build (the full build takes minutes: docs/benchmarks_log.md,
+    issue 38)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from raypipe.assets.demo_target import build_demo_target, train_demo_target, vocabulary
@@ -116,7 +117,7 @@ def test_the_data_stage_prepares_demo_conversations_with_the_demo_vocabulary(tmp
     from raypipe.data.prepare import ShardPreparer
     from raypipe.data.sources import plan_chunks
     from raypipe.data.tokenizer import resolve_tokenizer
-    from tests.conftest import data_config
+    from tests.helpers import data_config
 
     rng = random.Random(5)
     conversations = [c for c in (make_conversation(rng) for _ in range(60)) if len(c) == 2][

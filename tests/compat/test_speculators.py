@@ -12,7 +12,7 @@ from raypipe.compat.speculators import block_logits, select_anchors_with
 from raypipe.config import TrainConfig
 from raypipe.target import resolve_target
 from raypipe.train.drafter import aux_layer_ids, build_drafter, drafter_config
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 BLOCK = 4
 T = 24  # positions of the test sequence

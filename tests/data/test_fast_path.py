@@ -19,8 +19,8 @@ from raypipe.data.formats import Reject, normalize
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import plan_chunks
 from raypipe.data.template_engine import JinjaEngine, MiniJinjaEngine
-from tests.conftest import data_config, qwen_spec, renderer
 from tests.data.test_masks_property import SETTINGS, TOOLS, conversations
+from tests.helpers import data_config, qwen_spec, renderer
 
 TEMPLATES = [(t, thinking) for t in ("qwen_strict", "chatml", "generation_markers") for thinking in (False, True)]
 
@@ -115,7 +115,7 @@ import pickle, sys
 from pathlib import Path
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import plan_chunks
-from tests.conftest import data_config
+from tests.helpers import data_config
 cfg = data_config(sources=[{{"path": {str(path)!r}}}])
 preparer = ShardPreparer(cfg, pickle.loads(Path({str(tmp_path / "spec.pkl")!r}).read_bytes()))
 [chunk] = plan_chunks(cfg.sources, {{}}, 1 << 30)

@@ -13,8 +13,8 @@ from raypipe.data import incremental
 from raypipe.data.formats import Conversation, Reject
 from raypipe.data.render import ChatRenderer
 from raypipe.data.template_engine import PROBES, JinjaEngine
-from tests.conftest import renderer
 from tests.data.test_masks_property import SETTINGS, TEXT, TOOLS
+from tests.helpers import renderer
 
 RESERVED = ["<|im_start|>", "<|im_end|>"]
 

@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.render import ChatRenderer
-from tests.conftest import qwen_spec, renderer
+from tests.helpers import qwen_spec, renderer
 
 ALPHABET = st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"), include_characters="\n\t ")
 # Content spelling a special token is rejected by design (tests/data/test_render.py), so none is generated here.

@@ -18,8 +18,8 @@ import ray
 
 from raypipe.config import DataConfig
 from raypipe.data.pipeline import run_prepare
-from tests.conftest import scrape_metrics
 from tests.data.bad_corpus import BAD_ROWS, MAX_ROW_BYTES, corpus_lines
+from tests.helpers import scrape_metrics
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ from raypipe.assets.templates import load_template
 from raypipe.data.output import COUNT_KEYS
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import plan_chunks
-from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec
 from tests.data.bad_corpus import BAD_ROWS, GOOD_ROWS, MAX_LENGTH, MAX_ROW_BYTES, corpus_lines
+from tests.helpers import data_config, prepare_lines, prepare_records, qwen_spec
 
 U = {"role": "user", "content": "Hi"}
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "adds", "parameters": {"type": "object"}}}]

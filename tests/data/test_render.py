@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from raypipe.data.formats import Reject, normalize
-from tests.conftest import prepare_records, qwen_spec, renderer
+from tests.helpers import prepare_records, qwen_spec, renderer
 
 USER = {"role": "user", "content": "What is 2+2?"}
 ANSWER = {"role": "assistant", "content": "4"}

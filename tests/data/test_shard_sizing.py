@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from raypipe.data.pipeline import MIN_SHARD_BYTES, SHARDS_PER_ACTOR, shard_bytes
-from tests.conftest import data_config
+from tests.helpers import data_config
 
 
 def test_a_small_input_is_split_so_every_actor_gets_shards() -> None:

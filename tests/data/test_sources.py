@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypipe.data.sources import Chunk, plan_chunks
-from tests.conftest import data_config
+from tests.helpers import data_config
 
 BUDGET = 4096
 

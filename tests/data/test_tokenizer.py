@@ -7,7 +7,7 @@ import pytest
 from raypipe.assets.qwen_vocab import build_qwen_tokenizer
 from raypipe.assets.templates import load_template
 from raypipe.data.tokenizer import probe_end_of_turn, resolve_tokenizer
-from tests.conftest import data_config
+from tests.helpers import data_config
 
 RESERVED = ("<|endoftext|>", "<|im_end|>", "<|im_start|>")
 

@@ -17,7 +17,6 @@ from raypipe.data.prepare import ShardPreparer
 from raypipe.data.rejects import RAW_BYTES
 from raypipe.data.render import ChatRenderer
 from raypipe.data.sources import plan_chunks
-from tests.conftest import data_config, prepare_lines, prepare_records, qwen_spec, renderer
 from tests.faults.bad_inputs import (
     BAD_KINDS,
     MAX_LENGTH,
@@ -28,6 +27,7 @@ from tests.faults.bad_inputs import (
     bad_files,
     bad_jsonl,
 )
+from tests.helpers import data_config, prepare_lines, prepare_records, qwen_spec, renderer
 
 U = {"role": "user", "content": "Hi"}
 

@@ -121,7 +121,7 @@ VLLM_OWNER = textwrap.dedent(
     from raypipe.serve.transport import replica_dir
     from raypipe.serve.vllm_engine import VllmEngine
     from raypipe.target import resolve_target
-    from tests.conftest import serve_config
+    from tests.helpers import serve_config
     cfg = serve_config(sys.argv[1], layer_ids=[1, 4])
     engine = VllmEngine(resolve_target(cfg), cfg, replica_dir())
     print("engine pids", *engine.engine_pids, flush=True)
@@ -188,7 +188,7 @@ def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_se
     from ray import serve
 
     from raypipe.serve.deployment import HiddenStateService, engine_process_options
-    from tests.conftest import serve_config
+    from tests.helpers import serve_config
 
     cfg = serve_config(tiny_target, layer_ids=[1, 2, 4], canary="off")
     app = HiddenStateService.options(ray_actor_options=engine_process_options(cfg)).bind(cfg)

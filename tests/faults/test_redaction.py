@@ -14,7 +14,7 @@ from raypipe.train.checkpoint import save_checkpoint
 from raypipe.train.drafter import build_drafter
 from raypipe.train.launcher import build_trainer
 from raypipe.train.step import TrainState
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 KEY, SECRET, TOKEN = "AKIAEXAMPLEKEY0001", "s3cr3t-never-shown", "session-token-never-shown"

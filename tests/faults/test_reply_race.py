@@ -20,7 +20,7 @@ import pytest
 from raypipe.data.output import shard_name
 from raypipe.train import replies
 from raypipe.train.replies import ReplyWriter, open_rows, run_replies
-from tests.train.conftest import prepare_sample, run_config
+from tests.train.helpers import prepare_sample, run_config
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from ray.serve.exceptions import RequestCancelledError
 
 from raypipe.serve.deployment import HiddenStateService, engine_process_options
 from raypipe.serve.transport import OWNER, as_tensor, release_owner
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 2, 4]

@@ -24,7 +24,7 @@ from raypipe.data.sources import plan_chunks
 from raypipe.pipeline import StageLog, eval_fingerprint, prepare_fingerprint, train_fingerprint
 from raypipe.storage import Storage
 from raypipe.train.rows import PreparedRows
-from tests.conftest import prepare_records, qwen_spec
+from tests.helpers import prepare_records, qwen_spec
 
 ROWS = [
     {

@@ -32,7 +32,7 @@ from raypipe.train.loop import stop_if_diverged
 from raypipe.train.metrics import StepMetrics
 from raypipe.train.rows import Row
 from raypipe.train.step import NONFINITE, Progress, TrainState, make_optimizer, place_drafter, precision, train_step
-from tests.conftest import free_port, serve_config
+from tests.helpers import free_port, serve_config
 
 TOKENS = 64
 

@@ -14,7 +14,7 @@ from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import as_tensor, read_array, replica_dir
 from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.target import Target, TargetShape, resolve_target
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 IDS = (1, 2, 4)
 HYBRID = TargetShape(

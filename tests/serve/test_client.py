@@ -12,7 +12,7 @@ from raypipe.serve.deployment import HiddenStateService
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import StateFile, as_tensor
 from raypipe.serve.validate import BadRequest
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 4]

@@ -14,7 +14,7 @@ from raypipe.serve.deployment import HiddenStateService, engine_process_options
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import StateFile, as_tensor
-from tests.conftest import scrape_metrics, serve_config
+from tests.helpers import scrape_metrics, serve_config
 
 pytestmark = pytest.mark.integration
 LAYERS = [1, 2, 4]
@@ -114,7 +114,7 @@ def test_the_serve_job_answers_health_and_stats_over_http_on_loopback(tmp_path):
     import urllib.request
     from pathlib import Path
 
-    from tests.conftest import free_port
+    from tests.helpers import free_port
 
     root = Path(__file__).resolve().parents[2]
     port = free_port()

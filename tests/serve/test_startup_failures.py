@@ -22,7 +22,7 @@ from ray import serve
 from raypipe.serve.deployment import APP_NAME, deploy
 from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.serve.vllm_engine import start_error
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 from tests.small_node import small_node, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ from raypipe.node_memory import check_engine_memory, engine_node, node_memory
 from raypipe.serve.transport import replica_dir
 from raypipe.serve.vllm_engine import VllmEngine
 from raypipe.target import resolve_target
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 
 async def main(model: str, kv_cache_gib: float, check: bool) -> None:

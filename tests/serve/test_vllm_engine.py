@@ -11,7 +11,7 @@ from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import as_tensor, read_array, replica_dir
 from raypipe.serve.vllm_args import ENGINE_ENV, engine_args
 from raypipe.target import resolve_target
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 pytestmark = pytest.mark.integration
 

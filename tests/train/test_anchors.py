@@ -14,7 +14,7 @@ from raypipe.train.anchors import anchor_count, install_row_anchors, row_anchor_
 from raypipe.train.batches import drafter_inputs, pack_host
 from raypipe.train.drafter import build_drafter, step_kwargs
 from raypipe.train.rows import Row
-from tests.conftest import serve_config
+from tests.helpers import serve_config
 
 BLOCK = 4
 

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten
 from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.metrics import StepMetrics
 from raypipe.train.rows import Row
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 
 def _model_metrics(device: str, loss: float, acc: float) -> dict[str, torch.Tensor]:

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from raypipe.config import REDACTED, RaypipeConfig, load_config
 from raypipe.train.metrics import StepMetrics, tracked
 from raypipe.train.trackers import Trackers
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 SECRET = "AKIA-not-a-real-key"
 STEPS = (5, 10, 15)

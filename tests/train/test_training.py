@@ -29,8 +29,8 @@ from raypipe.train.export import export_drafter
 from raypipe.train.launcher import run_training
 from raypipe.train.ledger import read_ledger, read_training_curve
 from raypipe.train.replies import run_replies
-from tests.conftest import scrape_metrics
-from tests.train.conftest import run_config, with_replies
+from tests.helpers import scrape_metrics
+from tests.train.helpers import run_config, with_replies
 
 pytestmark = pytest.mark.integration
 
