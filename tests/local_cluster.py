@@ -47,6 +47,8 @@ class LocalCluster:
         self.temp_dir = Path(tempfile.mkdtemp(prefix="rp-", dir="/tmp"))
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        # Ray's Prometheus file-service-discovery file: every node's metrics endpoint (Ray 2.60's MetricsAgent).
+        self.discovery_file = self.temp_dir / "session_latest" / "prom_metrics_service_discovery.json"
 
     def env(self, **extra: str) -> dict[str, str]:
         """Environment of the cluster and of job submission: one auth mode (`auth`), this venv first on PATH."""

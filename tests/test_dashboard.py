@@ -15,8 +15,9 @@ def _defined_metrics() -> set[str]:
     """Names of every Ray metric in the package, as Prometheus exports them (ray_ prefix, _total for counters)."""
     names = set()
     for path in (ROOT / "raypipe").rglob("*.py"):
-        for kind, name in re.findall(r'\b(Counter|Gauge|Histogram)\(\s*"(raypipe_\w+)"', path.read_text()):
-            names.add(f"ray_{name}" + {"Counter": "_total", "Gauge": "", "Histogram": "_bucket"}[kind])
+        for kind, name in re.findall(r'\b(Counter|counter|Gauge|Histogram)\(\s*"(raypipe_\w+)"', path.read_text()):
+            suffix = {"Counter": "_total", "counter": "_total", "Gauge": "", "Histogram": "_bucket"}[kind]
+            names.add(f"ray_{name}{suffix}")  # `counter`: raypipe.counters' Counter at 0 from the start
     return names
 
 

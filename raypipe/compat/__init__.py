@@ -31,7 +31,8 @@ to check; tests/compat/ has a test per pinned behaviour, so an upgrade fails the
   - `checkpoint_snapshot_filename`: `ray.train.v2._internal.constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME`
     (raypipe.train.launcher.check_resume);
   - `metrics_report_interval_s`: `ray._config.metrics_report_interval_ms()` (raypipe.eval.evaluate's wait for the
-    metrics export).
+    metrics export);
+  - `record_zero`: `ray.util.metrics.Counter._record` (raypipe.counters: counters exported at 0 from the start).
 
 The modules import their library only inside their functions (but `vllm_connector`, which vLLM itself imports), so
 importing one costs nothing; the `.pth` of `cpu_torchvision` imports this package in every process.

@@ -5,6 +5,8 @@ On an upgrade: run tests/compat/test_ray.py, and check the names below still exi
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def object_store_memory_proportion() -> float:
     """The share of a node's memory Ray's object store takes by default (0.3; RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
@@ -38,3 +40,12 @@ def metrics_report_interval_s() -> float:
     import ray
 
     return ray._config.metrics_report_interval_ms() / 1000  # noqa: SLF001
+
+
+def record_zero(counter: Any, tags: dict[str, str]) -> None:
+    """Export `counter` at 0 for `tags` before anything is counted (Grafana shows "no data" for a series it never saw).
+
+    Relies on (2.60): `ray.util.metrics.Counter._record(value, tags)`, the recorder under `inc`, which takes 0 where
+    `inc(0)` raises ValueError (tests/test_counters.py reads the exported 0 on a real cluster).
+    """
+    counter._record(0, tags)

@@ -30,6 +30,7 @@ from ray.util.metrics import Counter
 
 from raypipe.config import DataConfig
 from raypipe.console import logger
+from raypipe.counters import counter
 from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.prepare import ShardPreparer
 from raypipe.data.sources import Chunk, plan_chunks, unmatched_files
@@ -59,9 +60,11 @@ class _PrepareActor:
         os.environ["TOKENIZERS_PARALLELISM"] = "true"
         self.preparer = ShardPreparer(cfg, ray.get(spec[0]))  # the spec's one copy, from the object store
         self.output = PreparedOutput.of(cfg)
-        self.rows = Counter("raypipe_data_rows", "Input rows prepared by the data stage.", ("source",))
-        self.kept = Counter("raypipe_data_rows_kept", "Prepared rows written.", ("source",))
-        self.tokens = Counter("raypipe_data_tokens", "Tokens in prepared rows.", ("source",))
+        sources = [{"source": s.source_name} for s in cfg.sources]  # at 0 from the start (raypipe.counters)
+        self.rows = counter("raypipe_data_rows", "Input rows prepared by the data stage.", ("source",), sources)
+        self.kept = counter("raypipe_data_rows_kept", "Prepared rows written.", ("source",), sources)
+        self.tokens = counter("raypipe_data_tokens", "Tokens in prepared rows.", ("source",), sources)
+        # Reason codes are known only once a row is refused: no series before the first reject.
         self.rejects = Counter("raypipe_data_rejects", "Rejected rows, by reason code.", ("source", "reason"))
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list[str]]:
@@ -78,9 +81,9 @@ class _PrepareActor:
                 (self.tokens, stats["tokens"], tags),
             ]
             counts += [(self.rejects, n, {**tags, "reason": code}) for code, n in stats["rejects_by_code"].items()]
-            for counter, n, counter_tags in counts:
+            for metric, n, metric_tags in counts:
                 if n > 0:  # Ray counters refuse 0 (a shard whose rows were all rejected keeps none)
-                    counter.inc(n, counter_tags)
+                    metric.inc(n, metric_tags)
             out.append(json.dumps({**stats, "actor_seconds": seconds}))
         return {"stats": out}
 

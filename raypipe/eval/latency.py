@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any
 
 from raypipe.console import logger
+from raypipe.serve.vllm_args import API_SERVER, server_flags
 
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts_total": "drafts",
@@ -35,19 +36,8 @@ SPEC_COUNTERS = {
 
 def server_command(engine: dict[str, Any], speculative: dict[str, Any] | None, port: int) -> list[str]:
     """The `vllm.LLM` keyword arguments (raypipe.serve.vllm_args) as the API server's command line."""
-    args = {**engine, **({"speculative_config": speculative} if speculative else {})}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port)]
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is False and key.startswith("disable_"):
-            continue  # vLLM's disable_* flags are store-true, off by default
-        if isinstance(value, bool):
-            cmd.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, dict):
-            cmd += [flag, json.dumps(value)]
-        else:
-            cmd += [flag, str(value)]
-    return cmd + ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
+    cmd = [sys.executable, "-m", API_SERVER, "--host", "127.0.0.1", "--port", str(port)]
+    return cmd + server_flags(engine, speculative) + ["--disable-uvicorn-access-log", "--uvicorn-log-level", "warning"]
 
 
 def parse_counters(metrics: str) -> dict[str, float]:
@@ -147,7 +137,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_until_up(server: subprocess.Popen, url: str, log: Any, timeout_s: float = 900) -> None:
+def wait_until_up(server: subprocess.Popen, url: str, log: Any, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -179,7 +169,7 @@ def sweep(
             server_command(engine, speculative, port), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            _wait_until_up(server, url, log)
+            wait_until_up(server, url, log)
             asyncio.run(_level(url, engine["model"], prompts[:2], 2, 8))  # warm-up
             rows = []
             for concurrency in levels:
@@ -194,10 +184,10 @@ def sweep(
                 )
             return rows
         finally:
-            _stop(server)
+            stop_server(server)
 
 
-def _stop(server: subprocess.Popen) -> None:
+def stop_server(server: subprocess.Popen) -> None:
     """SIGTERM to the server's process group (its engine core too), SIGKILL after a minute."""
     try:
         os.killpg(server.pid, signal.SIGTERM)

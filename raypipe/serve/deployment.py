@@ -34,9 +34,10 @@ import numpy as np
 import ray
 from fastapi import FastAPI, HTTPException
 from ray import serve
-from ray.util.metrics import Counter, Gauge, Histogram
+from ray.util.metrics import Gauge, Histogram
 
 from raypipe.config import ServeConfig
+from raypipe.counters import counter
 from raypipe.node_memory import check_engine_memory
 from raypipe.serve.canary import Canary, CanaryReport
 from raypipe.serve.engine import Sampling
@@ -57,6 +58,7 @@ from raypipe.serve.vllm_args import ENGINE_ENV
 from raypipe.target import resolve_model, resolve_target
 
 APP_NAME = "raypipe_hidden_states"
+METHODS = ("extract", "generate")  # the service's request kinds: the `method` tag of its counters
 RECLAIM_EVERY_S = 60.0
 EXCEPTION_LINE = re.compile(r"(?:\w+\.)*\w+(?:Error|Exception): ")
 api = FastAPI(title="raypipe hidden-state service")
@@ -149,8 +151,9 @@ class HiddenStateService:
         self._background: set[asyncio.Future[Any]] = set()  # cancelled requests' engine work, finishing (see _paths)
         self.last_canary: CanaryReport | None = None
         self.canary_check = Canary(target.path, self.layer_ids, max_len=cfg.max_model_len - 1)
-        self.m_requests = Counter("raypipe_serve_requests", "Requests served, by method.", ("method",))
-        self.m_tokens = Counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",))
+        methods = [{"method": m} for m in METHODS]  # at 0 from the start (raypipe.counters)
+        self.m_requests = counter("raypipe_serve_requests", "Requests served, by method.", ("method",), methods)
+        self.m_tokens = counter("raypipe_serve_tokens", "Tokens through the engine, by method.", ("method",), methods)
         self.m_latency = Histogram(
             "raypipe_serve_latency_s", "Request latency.", [0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120], ("method",)
         )

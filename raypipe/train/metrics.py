@@ -92,7 +92,9 @@ class TrainMetrics:
     """Prometheus metrics of the trainer (exported by Ray with a ray_ prefix), set from rank 0 at each log."""
 
     def __init__(self, run: str) -> None:
-        from ray.util.metrics import Counter, Gauge
+        from ray.util.metrics import Gauge
+
+        from raypipe.counters import counter
 
         tags = ("run",)
         self.tags = {"run": run}
@@ -105,9 +107,10 @@ class TrainMetrics:
         )
         self.lr = Gauge("raypipe_train_lr", "Learning rate.", tags)
         self.tokens_per_s = Gauge("raypipe_train_tokens_per_s", "Tokens trained per second, all workers.", tags)
-        self.steps = Counter("raypipe_train_steps", "Optimizer steps taken.", tags)
-        self.nonfinite = Counter(
-            "raypipe_train_nonfinite_steps", "Steps skipped for a NaN or Inf loss or gradient norm.", tags
+        # At 0 from the start (raypipe.counters): a healthy run's skipped steps read 0, not "no data".
+        self.steps = counter("raypipe_train_steps", "Optimizer steps taken.", tags, [self.tags])
+        self.nonfinite = counter(
+            "raypipe_train_nonfinite_steps", "Steps skipped for a NaN or Inf loss or gradient norm.", tags, [self.tags]
         )
         self.accuracy = Gauge(
             "raypipe_train_accuracy", "Draft accuracy of the last interval by block position.", ("run", "position")
