@@ -154,5 +154,12 @@ def quiet_console_handlers(replaced: TextIO | None = None) -> None:
 
 
 def quiet_worker() -> None:
-    """Ray's `worker_process_setup_hook` for every worker of a raypipe job (runs before the worker's task)."""
+    """Ray's `worker_process_setup_hook` for every worker of a raypipe job (runs before the worker's task).
+
+    It also names the worker's own cluster in RAY_ADDRESS: Ray Train's state and placement-group actors look their
+    cluster up by address, and on a machine running two Ray instances that look-up fails ("Found multiple active Ray
+    instances") and their threads die with a traceback on the console."""
+    import ray
+
+    os.environ.setdefault("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
     quiet_process("worker")
