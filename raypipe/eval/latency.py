@@ -177,11 +177,14 @@ def sweep(
                 requests, seconds = asyncio.run(_level(url, engine["model"], prompts, concurrency, max_tokens))
                 row = level_summary(requests, seconds, before, parse_counters(_get(f"{url}/metrics")))
                 rows.append({"drafter": label, "concurrency": concurrency, **row})
-                logger("eval").info(
-                    f"latency, {label} drafter, concurrency {concurrency}: "
-                    f"TPOT {row['tpot_ms']['mean']:.1f} ms, TTFT {row['ttft_ms']['mean']:.1f} ms, "
-                    f"{row['tokens_per_s']:.0f} tokens/s"
+            logger("eval").info(
+                f"latency, {label} drafter, at concurrency "
+                + "; ".join(
+                    f"{r['concurrency']}: TPOT {r['tpot_ms']['mean']:.1f} ms, TTFT {r['ttft_ms']['mean']:.1f} ms, "
+                    f"{r['tokens_per_s']:.0f} tokens/s"
+                    for r in rows
                 )
+            )
             return rows
         finally:
             stop_server(server)
