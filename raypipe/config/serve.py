@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from raypipe.config.base import CONTENT, EXECUTION, _Strict
+
+# vLLM engine arguments raypipe sets itself, and the setting (or reason) that owns each.
+OWNED_ENGINE_ARGS = {
+    "model": "serve.model",
+    "tokenizer": "serve.model (its tokenizer)",
+    "dtype": "serve.dtype",
+    "max_model_len": "serve.max_model_len",
+    "max_num_seqs": "serve.max_sequences (train.run.reply_max_sequences for the replies)",
+    "tensor_parallel_size": "serve.tensor_parallel_size",
+    "enforce_eager": "serve.enforce_eager",
+    "kv_cache_memory_bytes": "serve.kv_cache_gib",
+    "gpu_memory_utilization": "serve.gpu_memory_utilization",
+    "enable_prefix_caching": "raypipe (off: no prefix is reused, and hybrid targets need it off)",
+    "disable_log_stats": "raypipe (the spec-decode counters the evaluation reads)",
+    "use_tqdm_on_load": "raypipe (the console)",
+    "seed": "raypipe (replies and evaluation are seeded)",
+    "limit_mm_per_prompt": "raypipe (text only)",
+    "speculative_config": "raypipe (per engine: extraction, the drafter)",
+    "kv_transfer_config": "raypipe (the hidden-state connector)",
+    "enable_chunked_prefill": "raypipe (the hidden-state service's connector)",
+}
 
 
 class ServeConfig(_Strict):
@@ -115,6 +136,23 @@ class ServeConfig(_Strict):
         description="HTTP ingress host (health, canary, stats); loopback unless set.",
     )
     http_port: int = Field(json_schema_extra=EXECUTION, default=8000, gt=0, lt=65536, description="HTTP ingress port.")
+
+    engine_kwargs: dict[str, Any] | None = Field(
+        json_schema_extra=CONTENT,
+        default=None,
+        description="More vLLM engine arguments (vllm.EngineArgs names, e.g. max_num_batched_tokens, "
+        "kv_cache_dtype), for every engine raypipe starts: the service, the replies, the evaluation and its latency "
+        "server. Content: some change the hidden states (quantization, kv_cache_dtype). Keys raypipe sets are refused, "
+        "naming the setting that owns them.",
+    )
+
+    @field_validator("engine_kwargs")
+    @classmethod
+    def _not_owned(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        owned = [key for key in value or {} if key in OWNED_ENGINE_ARGS]
+        if owned:
+            raise ValueError("; ".join(f"{key}: raypipe sets it, use {OWNED_ENGINE_ARGS[key]}" for key in owned))
+        return value
 
     @model_validator(mode="after")
     def _kv_cache_on_cpu(self) -> ServeConfig:

@@ -29,6 +29,7 @@ setting behind each.
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata
 import json
 import shlex
@@ -64,7 +65,23 @@ def engine_args(target: Target, cfg: ServeConfig) -> dict[str, Any]:
         args["gpu_memory_utilization"] = cfg.gpu_memory_utilization
     if target.shape.multimodal:
         args["limit_mm_per_prompt"] = {"image": 0, "video": 0}
-    return args
+    return {**args, **_known_engine_args(cfg.engine_kwargs or {})}
+
+
+def _known_engine_args(extra: dict[str, Any]) -> dict[str, Any]:
+    """`serve.engine_kwargs`, each a vLLM engine argument (checked here, where vLLM is importable; the config
+    refuses those raypipe sets)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key in extra:
+        if key not in names:
+            near = difflib.get_close_matches(key, names, n=1)
+            hint = f"; did you mean {near[0]}?" if near else ""
+            raise ValueError(f"serve.engine_kwargs.{key} is not an argument of vLLM's engine (EngineArgs){hint}")
+    return extra
 
 
 def server_flags(engine: dict[str, Any], speculative: dict[str, Any] | None) -> list[str]:
