@@ -46,13 +46,27 @@ class _StageFormatter(logging.Formatter):
         return f"[{record.name.removeprefix('raypipe.')}] {record.getMessage()}"
 
 
+class _Stdout(logging.StreamHandler):
+    """Writes to whatever `sys.stdout` is when a line is logged (a redirect, a test's capture), not the one it was made
+    with."""
+
+    raypipe_console = True
+
+    @property  # type: ignore[override]
+    def stream(self) -> TextIO:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: TextIO) -> None:
+        pass
+
+
 def logger(stage: str) -> logging.Logger:
     """The logger of a stage's console lines, `[stage] message` on stdout in whichever process logs them."""
     root = logging.getLogger("raypipe")
-    if not any(getattr(h, "raypipe_console", False) for h in root.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+    if not any(isinstance(h, _Stdout) for h in root.handlers):
+        handler = _Stdout()
         handler.setFormatter(_StageFormatter())
-        handler.raypipe_console = True  # type: ignore[attr-defined]
         root.addHandler(handler)
         root.setLevel(logging.INFO)
     return logging.getLogger(f"raypipe.{stage}")

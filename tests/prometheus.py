@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import free_port
+from tests.helpers import free_port
 
 INSTALL = "apt-get update && apt-get install -y --no-install-recommends prometheus"
 VARIABLE = re.compile(r"\$\{(\w+)\}|\$(\w+)")

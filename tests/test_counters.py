@@ -8,7 +8,7 @@ import uuid
 import pytest
 import ray
 
-from tests.conftest import scrape_metrics
+from tests.helpers import scrape_metrics
 
 pytestmark = pytest.mark.integration
 

@@ -192,7 +192,13 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     # Outputs: rejects explained, every stage recorded, the drafter accepted in vLLM.
     manifest = json.loads((out / "prepared" / "manifest.json").read_text())
     assert manifest["counts"]["rows_rejected"] == 3 and sum(manifest["rejects_by_code"].values()) == 3
-    assert sorted(p.stem for p in (out / "train" / "pipeline").glob("*.json")) == ["eval", "export", "prepare", "train"]
+    assert sorted(p.stem for p in (out / "train" / "pipeline").glob("*.json")) == [
+        "eval",
+        "export",
+        "prepare",
+        "replies",
+        "train",
+    ]
     assert (out / "train" / "drafter" / "export.json").is_file()
     check_demo_evaluation(json.loads((out / "train" / "eval" / "eval.json").read_text()))
     # The service and the trainers share this node: states came as files (epoch 1), then from the cache, none via Ray.
@@ -206,6 +212,6 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     # A re-submitted job skips every finished stage.
     status, logs = head.wait(head.submit(job, ROOT), timeout_s=600)
     assert status == "SUCCEEDED", logs[-5000:]
-    assert logs.count("done earlier with this config, skipped") == 4
+    assert logs.count("done earlier with this config, skipped") == 5
 
     check_printed_serve_command(logs)
