@@ -91,6 +91,25 @@ def _wait_for_writer(path: str) -> None:
         os.unlink(lock)
 
 
+class ShortStateFile(OSError):
+    """A state file shorter than its header says: the engine's write was cut short."""
+
+
+def _check_complete(path: str, start: int, header: dict[str, Any]) -> None:
+    """The file holds every byte its header promises; else it is removed and refused, naming the usual cause. vLLM
+    only logs "Hidden-states write failed" when its write fails (a full /dev/shm, an engine killed mid-write), and the
+    token ids, written first, still check out."""
+    promised = start + max(entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__")
+    size = os.path.getsize(path)
+    if size < promised:
+        Path(path).unlink(missing_ok=True)
+        raise ShortStateFile(
+            f"state file {path} is {size} bytes where its header promises {promised}: the engine's write was cut short "
+            f"(vLLM logs 'Hidden-states write failed'); the usual cause is a full {Path(path).parent.parent} "
+            "(check `df -h /dev/shm`: Ray's object store shares it), else an engine killed mid-write"
+        )
+
+
 def _check_ids(path: str, start: int, header: dict[str, Any], expected_ids: list[int]) -> None:
     entry = header["token_ids"]
     begin, end = entry["data_offsets"]
@@ -104,6 +123,7 @@ def hand_over(path: str, expected_ids: list[int], owner_pid: int) -> StateFile:
     """Same node: the finished file, checked and moved into the owner's directory, described."""
     _wait_for_writer(path)
     start, header = _header(path)
+    _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)
     owner = Path(path).parent / f"{OWNER}{owner_pid}"
     owner.mkdir(exist_ok=True)
@@ -117,6 +137,7 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
     """Other node: the finished file's states as an array (bf16 as its bits, uint16), the file removed."""
     _wait_for_writer(path)
     start, header = _header(path)
+    _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)
     entry = header["hidden_states"]
     array = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]][1])
@@ -125,7 +146,11 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
         f.seek(start + entry["data_offsets"][0])
         done = 0
         while done < len(target):
-            done += f.readinto(target[done:])
+            read = f.readinto(target[done:])
+            if not read:  # cut after the check: never spin on the end of the file
+                _check_complete(path, start, header)
+                raise ShortStateFile(f"state file {path} ended {len(target) - done} bytes early while read")
+            done += read
     os.unlink(path)
     return array
 

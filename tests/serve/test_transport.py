@@ -15,6 +15,7 @@ import torch
 
 from raypipe.serve.transport import (
     OWNER,
+    ShortStateFile,
     StateFile,
     as_tensor,
     copy_states,
@@ -66,6 +67,22 @@ def test_states_of_another_sequence_are_refused(directory: Path) -> None:
     path = write_states(directory, "req", torch.zeros(3, 1, 4), [1, 2, 3])
     with pytest.raises(AssertionError, match="another sequence"):
         hand_over(path, [1, 2, 4], owner_pid=os.getpid())
+
+
+@pytest.mark.timeout(60)  # before the check, the cross-node read spun forever on the end of the file
+@pytest.mark.parametrize("deliver", ["cross_node", "same_node"])
+def test_a_state_file_cut_short_is_refused_at_once_naming_dev_shm(directory: Path, deliver: str) -> None:
+    """A write cut short (ENOSPC on /dev/shm, an engine killed mid-write) leaves a file whose token ids still check
+    out: it is refused by name and removed, never read past its end or handed to a trainer."""
+    path = write_states(directory, "req", torch.randn(40, 3, 64), list(range(40)))
+    size = os.path.getsize(path)
+    os.truncate(path, size - 1000)
+    with pytest.raises(ShortStateFile, match=rf"is {size - 1000} bytes where its header promises {size}.*/dev/shm"):
+        if deliver == "cross_node":
+            read_array(path, list(range(40)))
+        else:
+            hand_over(path, list(range(40)), owner_pid=os.getpid())
+    assert not Path(path).exists() and not (directory / f"{OWNER}{os.getpid()}").exists()
 
 
 def _dead_pid() -> int:
