@@ -26,6 +26,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -232,23 +233,48 @@ def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str
     - an owner directory whose trainer is gone (states it was handed, not read);
     - a file left in a live replica's directory for `stale_s` (a request
       abandoned between the engine and the hand-over).
+
+    Only this user's own directories are touched, never through a symbolic link (another local user can plant
+    `raypipe-states-<pid>-x` in /dev/shm), and nothing found there stops the sweep: an entry renamed by a hand-over
+    while it runs, another user's directory, a plain file or a name of another shape is passed over.
     """
     base = Path(root or memory_dir() or tempfile.gettempdir())
-    removed = []
+    removed: list[str] = []
     for replica in base.glob(f"{PREFIX}*"):
         pid = replica.name[len(PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit():
+        if pid.isdigit() and _own_directory(replica):
+            try:
+                removed += _reclaim_replica(replica, _alive(int(pid)), stale_s)
+            except OSError:  # gone or changed while swept: the next sweep sees it as it is then
+                continue
+    return removed
+
+
+def _own_directory(path: Path) -> bool:
+    """A directory of this user's, not a link to one."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _reclaim_replica(replica: Path, replica_alive: bool, stale_s: float) -> list[str]:
+    removed = []
+    for entry in list(replica.iterdir()):
+        try:
+            st = entry.lstat()
+        except FileNotFoundError:  # handed over (renamed) since the listing
             continue
-        replica_alive = _alive(int(pid))
-        for entry in list(replica.iterdir()):
-            if entry.is_dir() and entry.name.startswith(OWNER):
-                if not _alive(int(entry.name[len(OWNER) :])):
-                    shutil.rmtree(entry, ignore_errors=True)
-                    removed.append(str(entry))
-            elif not replica_alive or time.time() - entry.stat().st_mtime > stale_s:
-                entry.unlink(missing_ok=True)
+        if stat.S_ISDIR(st.st_mode):
+            owner = entry.name[len(OWNER) :]
+            if entry.name.startswith(OWNER) and owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(entry, ignore_errors=True)
                 removed.append(str(entry))
-        if not replica_alive and not any(replica.iterdir()):
-            replica.rmdir()
-            removed.append(str(replica))
+        elif not replica_alive or time.time() - st.st_mtime > stale_s:
+            entry.unlink(missing_ok=True)  # a link itself, never what it points to
+            removed.append(str(entry))
+    if not replica_alive and not any(replica.iterdir()):
+        replica.rmdir()
+        removed.append(str(replica))
     return removed
