@@ -14,6 +14,7 @@ from pathlib import Path
 
 from raypipe.assets.templates import TEMPLATE_NAMES
 from raypipe.config import RaypipeConfig
+from raypipe.storage import resolve_secrets
 
 
 def problems(cfg: RaypipeConfig) -> list[str]:
@@ -31,6 +32,11 @@ def problems(cfg: RaypipeConfig) -> list[str]:
         check_trackers(cfg.train.run.trackers, cfg.train.output)
     except ValueError as err:
         found.append(str(err))
+    for section, options in (("data", cfg.data.storage_options), ("train", cfg.train.storage_options)):
+        try:
+            resolve_secrets(options, f"{section}.storage_options")
+        except ValueError as err:
+            found.append(f"{err}; set it where the job runs (the nodes' environment, not the job's command line)")
     return found
 
 

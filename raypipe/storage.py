@@ -7,6 +7,7 @@ killed writer leaves complete files or none, and readers never see half a file.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,28 @@ def absolute(url: str) -> str:
 
 def filesystem(url: str, storage_options: dict[str, Any]) -> tuple[AbstractFileSystem, str]:
     """(fsspec filesystem, path without protocol); fsspec reuses instances per process and options."""
-    return url_to_fs(url, **storage_options)
+    return url_to_fs(url, **resolve_secrets(storage_options))
+
+
+def resolve_secrets(options: Any, where: str = "storage_options") -> Any:
+    """`options` with each `{env: NAME}` replaced by that environment variable and each `{file: PATH}` by the file's
+    text (stripped), read where the filesystem is made: so a secret never travels in the config, on a command line
+    (`ray job submit`'s entrypoint, `ps`) or in a record, only its reference does."""
+    if isinstance(options, dict):
+        if len(options) == 1 and next(iter(options)) in ("env", "file"):
+            [(kind, name)] = options.items()
+            if kind == "env":
+                if name not in os.environ:
+                    raise ValueError(f"{where}: the environment variable {name} is not set in this process")
+                return os.environ[name]
+            try:
+                return Path(name).read_text().strip()
+            except OSError as err:
+                raise ValueError(f"{where}: cannot read the secret file {name}: {err.strerror}") from None
+        return {k: resolve_secrets(v, f"{where}.{k}") for k, v in options.items()}
+    if isinstance(options, list):
+        return [resolve_secrets(v, f"{where}.{i}") for i, v in enumerate(options)]
+    return options
 
 
 def file_identity(fs: Any, path: str) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -15,7 +16,25 @@ REDACTED = "<redacted>"
 LOSSES = ("ce", "kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid")
 # Names of fsspec options that carry credentials (s3fs key/secret/token, client_kwargs' aws_*_key*, gcsfs token,
 # adlfs account_key/sas_token/connection_string, HTTP headers' Authorization, passwords), matched as substrings.
-_SECRET_NAMES = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature", "connection_string")
+# Cookie headers and Azure's `sas` (a SAS token under its own name) too.
+_SECRET_NAMES = (
+    "key",
+    "secret",
+    "token",
+    "password",
+    "passwd",
+    "credential",
+    "auth",
+    "signature",
+    "connection_string",
+    "cookie",
+    "sas",
+)
+# Credentials inside a value, wherever it stands: a URL's password (`https://user:pw@host`, proxies), and the query
+# parameters of presigned URLs that sign or carry a credential (S3's X-Amz-Signature/Credential/Security-Token, GCS's
+# X-Goog-*, Azure SAS's sig, and any parameter whose name is a secret's).
+_URL_PASSWORD = re.compile(r"(?<=://)([^/@:\s]+):([^/@\s]+)@")
+_QUERY_SECRET = re.compile(r"(?<=[?&])([^=&#\s]+)=([^&#\s]*)")
 
 
 def fingerprint(doc: Any) -> str:
@@ -27,7 +46,8 @@ def fingerprint(doc: Any) -> str:
 
 
 def redact(doc: Any) -> Any:
-    """A copy of a config dump with every credential under `storage_options` replaced by a constant.
+    """A copy of a config dump with every credential replaced by a constant: under `storage_options` by key name, and
+    anywhere by value (a URL's password, a presigned URL's signature).
 
     What is persisted, hashed, logged or shown goes through this (so a rotated secret changes no fingerprint,
     while an endpoint still does); what workers use is the real config.
@@ -38,14 +58,32 @@ def redact(doc: Any) -> Any:
 def _redact(doc: Any, options: bool) -> Any:
     if isinstance(doc, dict):
         return {
-            k: REDACTED
+            _redact(k, False): REDACTED  # keys too: plan.json keys its inputs by URL
             if options and any(n in str(k).lower() for n in _SECRET_NAMES)
             else _redact(v, options or k == "storage_options")
             for k, v in doc.items()
         }
     if isinstance(doc, list):
         return [_redact(v, options) for v in doc]
+    if isinstance(doc, str) and "://" in doc:
+        return _redact_url(doc)
     return doc
+
+
+def _secret_parameter(name: str) -> bool:
+    name = name.lower()
+    return (
+        name == "sig"
+        or name.startswith(("x-amz-", "x-goog-"))
+        and not name.endswith(("-date", "-expires"))
+        or any(n in name for n in _SECRET_NAMES)
+    )
+
+
+def _redact_url(text: str) -> str:
+    """A URL's password and its signing query parameters replaced; the rest (scheme, host, path) kept."""
+    text = _URL_PASSWORD.sub(rf"\1:{REDACTED}@", text)
+    return _QUERY_SECRET.sub(lambda m: f"{m[1]}={REDACTED}" if _secret_parameter(m[1]) else m[0], text)
 
 
 class _Strict(BaseModel):

@@ -40,7 +40,10 @@ class DataConfig(_Strict):
     storage_options: dict[str, Any] = Field(
         json_schema_extra=EXECUTION,
         default_factory=dict,
-        description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3.",
+        description="fsspec options for URLs, e.g. {client_kwargs: {endpoint_url: ...}} for S3. A secret is best "
+        "given by reference, {env: NAME} or {file: PATH}, resolved where each filesystem is made: then it is never in "
+        "the config, on a command line or in a record. Credentials are redacted wherever the config is written or "
+        "shown, by key name here and by value anywhere (a URL's password, a presigned URL's signature).",
     )
     tokenizer: str = Field(
         json_schema_extra=CONTENT,

@@ -37,6 +37,7 @@ from ray import serve
 from ray.util.metrics import Gauge, Histogram
 
 from raypipe.config import ServeConfig
+from raypipe.console import logger
 from raypipe.counters import counter
 from raypipe.node_memory import check_engine_memory
 from raypipe.serve.canary import Canary, CanaryReport
@@ -168,10 +169,14 @@ class HiddenStateService:
         self._reclaimer = asyncio.get_running_loop().create_task(self._reclaim_periodically())
 
     async def _reclaim_periodically(self) -> None:
+        """Every RECLAIM_EVERY_S for the replica's life: a sweep that fails is logged, and the next one runs."""
         while True:
             await asyncio.sleep(RECLAIM_EVERY_S)
-            await asyncio.to_thread(reclaim_orphans)
-            await asyncio.to_thread(reap_orphans)
+            for sweep in (reclaim_orphans, reap_orphans):
+                try:
+                    await asyncio.to_thread(sweep)
+                except Exception:  # the loop outlives any one sweep
+                    logger("serve").exception(f"{sweep.__name__} failed; it runs again")
 
     def _later(self, work: Any) -> None:
         """Run `work` in the background, held until it ends (the loop keeps only weak references to tasks)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -39,6 +40,29 @@ def registry(root: str | None = None) -> Path:
     """This node's registry directory for this user (shared memory where there is one): only they can end their
     processes."""
     return Path(root or memory_dir() or tempfile.gettempdir()) / f"{REGISTRY}-{os.getuid()}"
+
+
+class UntrustedRegistry(PermissionError):
+    """The registry directory is not this user's alone: its records could be forged."""
+
+
+def _trusted_registry(root: str | None) -> Path:
+    """The registry directory, made private (0700) if new, and refused unless it is a directory (not a link) of this
+    user's that nobody else may write: /dev/shm is shared by every local user, and a record there decides which
+    processes get signalled."""
+    path = registry(root)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise UntrustedRegistry(
+            f"engine registry {path} is not a directory only this user can write (mode {stat.filemode(st.st_mode)}, "
+            f"uid {st.st_uid}): its records could be forged by another local user; remove it (rm -rf {path}) and "
+            "start again"
+        )
+    return path
 
 
 def _record(process: psutil.Process) -> dict[str, Any]:
@@ -99,17 +123,35 @@ def end_processes(records: list[dict[str, Any]], grace_s: float = GRACE_S) -> li
     return [p.pid for p in running]
 
 
+def _is_record(doc: Any) -> bool:
+    def process(p: Any) -> bool:
+        return isinstance(p, dict) and isinstance(p.get("pid"), int) and isinstance(p.get("started"), int | float)
+
+    return (
+        isinstance(doc, dict)
+        and process(doc.get("owner"))
+        and isinstance(doc.get("engines"), list)
+        and all(map(process, doc["engines"]))
+    )
+
+
 def _read(path: Path) -> dict[str, Any] | None:
+    """A record, or None for what is not one: not a plain file of this user's (a link), not JSON, another shape."""
     try:
-        return json.loads(path.read_text())
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            return None
+        doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return doc if _is_record(doc) else None
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc))
+    """Atomically, through a temporary file of a fresh random name (created exclusively: never through a link)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc))
     os.replace(tmp, path)  # readers see the old record or the new one, never half of one
 
 
@@ -147,7 +189,7 @@ def engine_processes(root: str | None = None) -> Iterator[EngineProcesses]:
     reap_orphans(root)
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    engine = EngineProcesses(registry(root) / f"{me.pid}.json")
+    engine = EngineProcesses(_trusted_registry(root) / f"{me.pid}.json")
     started = False
     try:
         yield engine
@@ -167,9 +209,9 @@ def engine_processes(root: str | None = None) -> Iterator[EngineProcesses]:
 def reap_orphans(root: str | None = None, grace_s: float = GRACE_S) -> list[int]:
     """End the recorded engine processes whose owner is gone on this node; returns their pids."""
     ended: list[int] = []
-    for path in sorted(registry(root).glob("*.json")):
+    for path in sorted(_trusted_registry(root).glob("*.json")):
         doc = _read(path)
-        if doc is None or _running(doc["owner"]) is not None:
+        if doc is None or _running(doc["owner"]) is not None:  # not a record (left for a person to see), or live
             continue
         ended += end_processes(doc["engines"], grace_s)
         path.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ import json
 import mmap
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import time
@@ -91,6 +92,25 @@ def _wait_for_writer(path: str) -> None:
         os.unlink(lock)
 
 
+class ShortStateFile(OSError):
+    """A state file shorter than its header says: the engine's write was cut short."""
+
+
+def _check_complete(path: str, start: int, header: dict[str, Any]) -> None:
+    """The file holds every byte its header promises; else it is removed and refused, naming the usual cause. vLLM
+    only logs "Hidden-states write failed" when its write fails (a full /dev/shm, an engine killed mid-write), and the
+    token ids, written first, still check out."""
+    promised = start + max(entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__")
+    size = os.path.getsize(path)
+    if size < promised:
+        Path(path).unlink(missing_ok=True)
+        raise ShortStateFile(
+            f"state file {path} is {size} bytes where its header promises {promised}: the engine's write was cut short "
+            f"(vLLM logs 'Hidden-states write failed'); the usual cause is a full {Path(path).parent.parent} "
+            "(check `df -h /dev/shm`: Ray's object store shares it), else an engine killed mid-write"
+        )
+
+
 def _check_ids(path: str, start: int, header: dict[str, Any], expected_ids: list[int]) -> None:
     entry = header["token_ids"]
     begin, end = entry["data_offsets"]
@@ -104,6 +124,7 @@ def hand_over(path: str, expected_ids: list[int], owner_pid: int) -> StateFile:
     """Same node: the finished file, checked and moved into the owner's directory, described."""
     _wait_for_writer(path)
     start, header = _header(path)
+    _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)
     owner = Path(path).parent / f"{OWNER}{owner_pid}"
     owner.mkdir(exist_ok=True)
@@ -117,6 +138,7 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
     """Other node: the finished file's states as an array (bf16 as its bits, uint16), the file removed."""
     _wait_for_writer(path)
     start, header = _header(path)
+    _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)
     entry = header["hidden_states"]
     array = np.empty(entry["shape"], dtype=DTYPES[entry["dtype"]][1])
@@ -125,7 +147,11 @@ def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
         f.seek(start + entry["data_offsets"][0])
         done = 0
         while done < len(target):
-            done += f.readinto(target[done:])
+            read = f.readinto(target[done:])
+            if not read:  # cut after the check: never spin on the end of the file
+                _check_complete(path, start, header)
+                raise ShortStateFile(f"state file {path} ended {len(target) - done} bytes early while read")
+            done += read
     os.unlink(path)
     return array
 
@@ -207,23 +233,48 @@ def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str
     - an owner directory whose trainer is gone (states it was handed, not read);
     - a file left in a live replica's directory for `stale_s` (a request
       abandoned between the engine and the hand-over).
+
+    Only this user's own directories are touched, never through a symbolic link (another local user can plant
+    `raypipe-states-<pid>-x` in /dev/shm), and nothing found there stops the sweep: an entry renamed by a hand-over
+    while it runs, another user's directory, a plain file or a name of another shape is passed over.
     """
     base = Path(root or memory_dir() or tempfile.gettempdir())
-    removed = []
+    removed: list[str] = []
     for replica in base.glob(f"{PREFIX}*"):
         pid = replica.name[len(PREFIX) :].split("-", 1)[0]
-        if not pid.isdigit():
+        if pid.isdigit() and _own_directory(replica):
+            try:
+                removed += _reclaim_replica(replica, _alive(int(pid)), stale_s)
+            except OSError:  # gone or changed while swept: the next sweep sees it as it is then
+                continue
+    return removed
+
+
+def _own_directory(path: Path) -> bool:
+    """A directory of this user's, not a link to one."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _reclaim_replica(replica: Path, replica_alive: bool, stale_s: float) -> list[str]:
+    removed = []
+    for entry in list(replica.iterdir()):
+        try:
+            st = entry.lstat()
+        except FileNotFoundError:  # handed over (renamed) since the listing
             continue
-        replica_alive = _alive(int(pid))
-        for entry in list(replica.iterdir()):
-            if entry.is_dir() and entry.name.startswith(OWNER):
-                if not _alive(int(entry.name[len(OWNER) :])):
-                    shutil.rmtree(entry, ignore_errors=True)
-                    removed.append(str(entry))
-            elif not replica_alive or time.time() - entry.stat().st_mtime > stale_s:
-                entry.unlink(missing_ok=True)
+        if stat.S_ISDIR(st.st_mode):
+            owner = entry.name[len(OWNER) :]
+            if entry.name.startswith(OWNER) and owner.isdigit() and not _alive(int(owner)):
+                shutil.rmtree(entry, ignore_errors=True)
                 removed.append(str(entry))
-        if not replica_alive and not any(replica.iterdir()):
-            replica.rmdir()
-            removed.append(str(replica))
+        elif not replica_alive or time.time() - st.st_mtime > stale_s:
+            entry.unlink(missing_ok=True)  # a link itself, never what it points to
+            removed.append(str(entry))
+    if not replica_alive and not any(replica.iterdir()):
+        replica.rmdir()
+        removed.append(str(replica))
     return removed

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raypipe.serve.reaper import engine_processes, reap_orphans, registry
+from raypipe.serve.reaper import UntrustedRegistry, engine_processes, reap_orphans, registry
 from raypipe.serve.vllm_args import ENGINE_ENV
 
 OWNER = textwrap.dedent(
@@ -217,3 +217,53 @@ def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_se
         serve.delete("reaping_test")
     assert all(_gone(p) for p in engines), "serve.delete left an engine process running"
     assert not (registry() / f"{replacement}.json").exists()
+
+
+def _start_and_close(root: Path) -> list[int]:
+    """An engine start here (a child recorded in the registry), then its close; the child's pid."""
+    with engine_processes(str(root)) as engine:
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    pids = engine.pids
+    engine.reap(grace_s=5)
+    return pids
+
+
+@pytest.mark.parametrize("planted", ["open_to_all", "another_user", "link"])
+def test_a_registry_others_can_write_is_refused_by_name(tmp_path: Path, planted: str) -> None:
+    """/dev/shm is shared by every local user: a registry another user made (or can write) could hold forged records
+    that decide which processes get signalled, so an engine start refuses it, naming it and the fix."""
+    path = registry(str(tmp_path))
+    if planted == "link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        path.symlink_to(tmp_path / "elsewhere")
+    else:
+        path.mkdir(mode=0o700)
+        if planted == "open_to_all":
+            path.chmod(0o777)
+        else:
+            os.chown(path, 4242, 4242)  # root here: a chown stands in for another user's directory
+    with pytest.raises(UntrustedRegistry, match=rf"{path} is not a directory only this user can write.*rm -rf {path}"):
+        _start_and_close(tmp_path)
+    with pytest.raises(UntrustedRegistry):
+        reap_orphans(str(tmp_path))
+
+
+def test_what_is_not_a_record_is_passed_over_and_a_planted_link_is_never_written_through(tmp_path: Path) -> None:
+    """An empty `{}` (before: KeyError 'owner' at every engine start on the node), a record of another shape and a link
+    named like a record are passed over; a link planted at the name the temporary record file used to take is never
+    written through (the victim's file is intact)."""
+    path = registry(str(tmp_path))
+    path.mkdir(mode=0o700)
+    (path / "1.json").write_text("{}")
+    (path / "2.json").write_text(json.dumps({"owner": {"pid": "x"}, "engines": []}))
+    forged = tmp_path / "forged.json"
+    bystander = {"pid": os.getpid(), "started": 0}
+    forged.write_text(json.dumps({"owner": {"pid": 1, "started": 0.0}, "engines": [bystander]}))
+    (path / "3.json").symlink_to(forged)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's file")
+    (path / f".{os.getpid()}.json.{os.getpid()}.tmp").symlink_to(victim)
+    assert reap_orphans(str(path.parent)) == []
+    [child] = _start_and_close(tmp_path)
+    assert _gone(child) and victim.read_text() == "the victim's file"
+    assert sorted(p.name for p in path.glob("*.json")) == ["1.json", "2.json", "3.json"]  # left for a person to see

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from raypipe.config import REDACTED, RaypipeConfig, TrainConfig, load_config, redact
@@ -120,3 +121,54 @@ def test_ray_train_state_gets_no_config_while_the_workers_get_the_real_one(tmp_p
     )  # Ray Train exports train_loop_config to its state (the dashboard's Train view)
     worker_config = trainer.train_loop_per_worker.args[0]["config"]
     assert worker_config["train"]["storage_options"]["secret"] == SECRET
+
+
+def test_credentials_are_redacted_by_value_wherever_they_stand() -> None:
+    """Before, only keys under storage_options were redacted: a URL's password (a proxy), a Cookie header, a SAS token
+    under `sas` and presigned URLs (in sources, in plan.json's input keys) went out as they were."""
+    presigned = (
+        "https://b.s3.amazonaws.com/x.jsonl?X-Amz-Credential=AKIAEXAMPLE&X-Amz-Date=20261207&X-Amz-Signature=deadbeef"
+    )
+    sas = "https://a.blob.core.windows.net/c/f.jsonl?sv=2022-11-02&se=2026-12-08&sp=r&sig=SECRETSIG"
+    doc = {
+        "data": {
+            "sources": [{"path": presigned}, {"path": sas}],
+            "storage_options": {
+                "sas": "sv=2022&sig=SECRETSAS",
+                "client_kwargs": {"proxies": {"https": "http://me:PROXYPW@proxy:3128"}, "headers": {"Cookie": "s=C"}},
+            },
+        },
+        "inputs": {presigned: {"size": 1}},
+        "train": {
+            "output": "s3://bucket/run",
+            "storage_options": {"client_kwargs": {"endpoint_url": "http://s3:9000"}},
+        },
+    }
+    out = json.dumps(redact(doc))
+    for secret in ("AKIAEXAMPLE", "deadbeef", "SECRETSIG", "SECRETSAS", "PROXYPW", "s=C"):
+        assert secret not in out, secret
+    # What is not a secret stays, so a fingerprint still follows the data and the endpoint.
+    for kept in ("b.s3.amazonaws.com/x.jsonl", "X-Amz-Date=20261207", "se=2026-12-08", "http://me:", "http://s3:9000"):
+        assert kept in out, kept
+
+
+def test_a_secret_given_by_reference_is_read_where_the_filesystem_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`{env: NAME}` and `{file: PATH}` in storage_options: the config, its records and the command line carry the
+    reference; the filesystem gets the secret; preflight names a reference this machine cannot resolve."""
+    from raypipe.preflight import problems
+    from raypipe.storage import resolve_secrets
+
+    (tmp_path / "secret").write_text("FROMFILE\n")
+    monkeypatch.setenv("RAYPIPE_TEST_KEY", "FROMENV")
+    options = {
+        "key": {"env": "RAYPIPE_TEST_KEY"},
+        "client_kwargs": {"headers": {"x": {"file": str(tmp_path / "secret")}}},
+    }
+    assert resolve_secrets(options) == {"key": "FROMENV", "client_kwargs": {"headers": {"x": "FROMFILE"}}}
+    cfg = load_config("debug_cpu", [f"data.storage_options={json.dumps(options)}"])
+    assert "FROMENV" not in json.dumps(cfg.public_dump()) and problems(cfg) == []
+    monkeypatch.delenv("RAYPIPE_TEST_KEY")
+    [line] = problems(cfg)
+    assert "data.storage_options.key: the environment variable RAYPIPE_TEST_KEY is not set" in line

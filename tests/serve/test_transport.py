@@ -15,6 +15,7 @@ import torch
 
 from raypipe.serve.transport import (
     OWNER,
+    ShortStateFile,
     StateFile,
     as_tensor,
     copy_states,
@@ -68,6 +69,22 @@ def test_states_of_another_sequence_are_refused(directory: Path) -> None:
         hand_over(path, [1, 2, 4], owner_pid=os.getpid())
 
 
+@pytest.mark.timeout(60)  # before the check, the cross-node read spun forever on the end of the file
+@pytest.mark.parametrize("deliver", ["cross_node", "same_node"])
+def test_a_state_file_cut_short_is_refused_at_once_naming_dev_shm(directory: Path, deliver: str) -> None:
+    """A write cut short (ENOSPC on /dev/shm, an engine killed mid-write) leaves a file whose token ids still check
+    out: it is refused by name and removed, never read past its end or handed to a trainer."""
+    path = write_states(directory, "req", torch.randn(40, 3, 64), list(range(40)))
+    size = os.path.getsize(path)
+    os.truncate(path, size - 1000)
+    with pytest.raises(ShortStateFile, match=rf"is {size - 1000} bytes where its header promises {size}.*/dev/shm"):
+        if deliver == "cross_node":
+            read_array(path, list(range(40)))
+        else:
+            hand_over(path, list(range(40)), owner_pid=os.getpid())
+    assert not Path(path).exists() and not (directory / f"{OWNER}{os.getpid()}").exists()
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -105,3 +122,46 @@ def test_files_of_dead_replicas_and_dead_trainers_are_reclaimed(tmp_path: Path) 
     for d in dead_replica.iterdir():
         shutil.rmtree(d)
     assert reclaim_orphans(str(tmp_path)) == [str(dead_replica)] and not dead_replica.exists()
+
+
+def test_the_sweep_passes_over_what_it_must_not_touch_and_never_follows_a_link(tmp_path: Path) -> None:
+    """Entries another local user (or a race) puts in /dev/shm neither crash the sweep nor lose data: a plain file and
+    a link named like a replica's directory, an owner directory of another shape, a directory of another user (root
+    here, so a chown stands in for one), and a link to a victim's folder, whose files must survive."""
+    dead = _dead_pid()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious").write_bytes(b"another user's data")
+    (tmp_path / f"raypipe-states-{dead}-link").symlink_to(victim)
+    (tmp_path / f"raypipe-states-{dead}-file").write_bytes(b"not a directory")
+    odd = tmp_path / f"raypipe-states-{dead}-odd"
+    (odd / "owner-x").mkdir(parents=True)
+    (odd / "link.safetensors").symlink_to(victim / "precious")
+    others = tmp_path / f"raypipe-states-{dead}-others"
+    (others / "x.safetensors").parent.mkdir()
+    (others / "x.safetensors").write_bytes(b"states")
+    os.chown(others, 4242, 4242)
+    removed = reclaim_orphans(str(tmp_path), stale_s=600)
+    assert sorted(removed) == [str(odd / "link.safetensors")]  # the link removed, not what it points to
+    assert (victim / "precious").read_bytes() == b"another user's data" and (others / "x.safetensors").exists()
+    assert (odd / "owner-x").is_dir()
+
+
+def test_an_entry_handed_over_during_the_sweep_is_passed_over(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sweep lists a live replica's directory, then looks at each entry: one renamed into a trainer's directory in
+    between (a hand-over) is skipped, the rest swept."""
+    replica = tmp_path / f"raypipe-states-{os.getpid()}-abc"
+    replica.mkdir()
+    for name in ("handed.safetensors", "stale.safetensors"):
+        (replica / name).write_bytes(b"states")
+        os.utime(replica / name, (time.time() - 3600, time.time() - 3600))
+    listed = Path.iterdir
+
+    def iterdir_then_hand_over(self: Path):
+        entries = list(listed(self))
+        if self == replica and (replica / "handed.safetensors").exists():
+            (replica / "handed.safetensors").unlink()  # renamed away after the listing
+        return iter(entries)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir_then_hand_over)
+    assert reclaim_orphans(str(tmp_path), stale_s=600) == [str(replica / "stale.safetensors")]
