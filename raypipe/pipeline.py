@@ -20,6 +20,7 @@ storage_options are redacted before hashing, so rotating one re-runs nothing.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -68,18 +69,24 @@ class StageLog:
         self.storage = RunFolders.of(cfg).stages
         self._fingerprints: dict[str, str] = {}
 
-    def fingerprint(self, stage: str) -> str:
-        """Computed when first asked, in stage order: train's hashes the manifest the prepare stage wrote."""
-        if stage not in self._fingerprints:
-            from raypipe.data.output import PreparedOutput
+    @functools.cached_property
+    def manifest_sha256(self) -> str:
+        """The digest of the manifest the prepare stage wrote, read once: replies' and train's fingerprints chain on
+        it."""
+        from raypipe.data.output import PreparedOutput
 
+        return PreparedOutput.of(self.cfg.data).manifest_sha256()
+
+    def fingerprint(self, stage: str) -> str:
+        """Computed when first asked, in stage order: replies' and train's hash the manifest the prepare stage wrote."""
+        if stage not in self._fingerprints:
             cfg = self.cfg
             if stage == "prepare":
                 fingerprint = prepare_fingerprint(cfg.data)
             elif stage == "replies":
-                fingerprint = replies_fingerprint(cfg, PreparedOutput.of(cfg.data).manifest_sha256())
+                fingerprint = replies_fingerprint(cfg, self.manifest_sha256)
             elif stage == "train":
-                fingerprint = train_fingerprint(cfg, PreparedOutput.of(cfg.data).manifest_sha256())
+                fingerprint = train_fingerprint(cfg, self.manifest_sha256)
             elif stage == "export":
                 fingerprint = self.fingerprint("train")
             else:
