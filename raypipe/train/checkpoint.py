@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 
 from raypipe.config import redact
-from raypipe.train.step import TrainState, any_rank
+from raypipe.train.step import Progress, TrainState, any_rank
 
 # The files of a checkpoint (see above), as export and the resume check read them.
 DRAFTER_DIR = "drafter"
@@ -71,6 +71,11 @@ def save_checkpoint(
     (directory / STATE_FILE).write_text(json.dumps(full["progress"]))
     (directory / CONFIG_FILE).write_text(json.dumps(redact(config), indent=1))  # no credentials in stored checkpoints
     (directory / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=1))
+
+
+def read_progress(directory: Path) -> Progress:
+    """Where the checkpoint's run stood, before anything is built from it (the schedule's length depends on it)."""
+    return Progress(**json.loads((directory / STATE_FILE).read_text()))
 
 
 def load_checkpoint(directory: Path, state: TrainState) -> None:

@@ -36,6 +36,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +53,14 @@ from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
 from raypipe.train.anchors import anchor_count, install_row_anchors
 from raypipe.train.batches import DeviceFeeder, Step
-from raypipe.train.checkpoint import load_checkpoint, save_checkpoint
+from raypipe.train.checkpoint import load_checkpoint, read_progress, save_checkpoint
 from raypipe.train.drafter import build_drafter
 from raypipe.train.ledger import Ledger
 from raypipe.train.metrics import StepMetrics, TrainMetrics, tracked
-from raypipe.train.plan import EpochPlan, plan_epoch
+from raypipe.train.plan import EpochPlan, plan_epoch, total_steps
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
-from raypipe.train.step import TrainState, place_drafter, precision, train_step
+from raypipe.train.step import Progress, TrainState, place_drafter, precision, train_step
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
 
@@ -116,8 +117,8 @@ def load_replies(w: Worker) -> None:
     w.rows.load_replies()
 
 
-def plan_epochs(w: Worker) -> tuple[list[EpochPlan], int]:
-    """Every epoch's plan and the total optimizer steps (all epochs, capped by train.schedule.max_steps)."""
+def plan_epochs(w: Worker) -> list[EpochPlan]:
+    """Every epoch's plan."""
     tc = w.cfg.train
     lengths = w.rows.lengths()
     plans = [
@@ -131,26 +132,28 @@ def plan_epochs(w: Worker) -> tuple[list[EpochPlan], int]:
         )
         for e in range(tc.schedule.epochs)
     ]
-    total = sum(p.steps(w.world) for p in plans)
-    return plans, min(total, tc.schedule.max_steps) if tc.schedule.max_steps is not None else total
+    return plans
 
 
 class Trainer:
-    def __init__(self, w: Worker, plans: list[EpochPlan], total_steps: int) -> None:
+    def __init__(self, w: Worker, plans: list[EpochPlan]) -> None:
         import ray.train
 
         tc = w.cfg.train
-        self.w, self.tc, self.plans, self.total_steps = w, tc, plans, total_steps
+        self.w, self.tc, self.plans = w, tc, plans
         drafter = build_drafter(w.target, tc, read_draft_vocab(w.cfg, w.target.shape.vocab_size))
         install_row_anchors(drafter, tc.objective.max_anchors)
-        self.state = TrainState.create(
-            drafter, place_drafter(drafter, tc.run.strategy, w.device), tc, w.device, total_steps
-        )
-        self.ledger = Ledger(w.folders.ledger, w.rank)
         checkpoint = ray.train.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as d:
+        with checkpoint.as_directory() if checkpoint is not None else nullcontext(None) as d:
+            done = read_progress(Path(d)) if d is not None else Progress()
+            # The steps left at this run's world size, which a resume may change (raypipe.train.plan.total_steps).
+            self.total_steps = total_steps(plans, w.world, done.epoch, done.cursor, done.step, tc.schedule.max_steps)
+            self.state = TrainState.create(
+                drafter, place_drafter(drafter, tc.run.strategy, w.device), tc, w.device, self.total_steps
+            )
+            if d is not None:
                 load_checkpoint(Path(d), self.state)
+        self.ledger = Ledger(w.folders.ledger, w.rank)
         progress = self.state.progress
         dist.barrier()
         if w.rank == 0:
@@ -319,7 +322,6 @@ def train_worker(loop_config: dict[str, Any]) -> None:
     w = Worker(RaypipeConfig.model_validate(loop_config["config"]))
     try:
         load_replies(w)
-        plans, total_steps = plan_epochs(w)
-        Trainer(w, plans, total_steps).run()
+        Trainer(w, plan_epochs(w)).run()
     finally:
         release_owner(os.getpid())  # states handed over to this worker whose responses never reached it

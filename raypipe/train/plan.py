@@ -66,6 +66,14 @@ class EpochPlan:
         return index if index < len(self.packs) else None
 
 
+def total_steps(plans: list[EpochPlan], world: int, epoch: int, cursor: int, done: int, cap: int | None) -> int:
+    """The run's optimizer steps when `done` were taken and the data stands at (`epoch`, `cursor`): those plus the
+    steps left at this world size, capped by train.schedule.max_steps. A resume on another number of workers takes
+    what is left at its own size (steps taken before count as they were): never fewer packs, never more."""
+    left = sum(plan.steps(world, cursor if plan.epoch == epoch else 0) for plan in plans if plan.epoch >= epoch)
+    return done + left if cap is None else min(done + left, cap)
+
+
 def plan_epoch(
     shard_sizes: list[int], lengths: np.ndarray, *, seed: int, epoch: int, window: int, budget: int
 ) -> EpochPlan:

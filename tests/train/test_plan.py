@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raypipe.train.plan import epoch_order, lr_factor, pack_rows, plan_epoch
+from raypipe.train.plan import epoch_order, lr_factor, pack_rows, plan_epoch, total_steps
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,3 +69,34 @@ def test_lr_warms_up_then_decays_to_zero() -> None:
     assert factors[0] == pytest.approx(0.25) and factors[3] == pytest.approx(1.0)
     assert all(a >= b for a, b in zip(factors[3:], factors[4:]))
     assert factors[total] == pytest.approx(0.0)
+
+
+def _replay(plans: list, world: int, epoch: int, cursor: int, done: int, stop_after: int | None) -> tuple:
+    """The training loop's arithmetic (raypipe.train.loop.Trainer.run) from a checkpoint's progress: the packs each
+    epoch trains, stopping after `stop_after` steps (a checkpoint) or at the end; returns them and the progress."""
+    total = total_steps(plans, world, epoch, cursor, done, None)
+    trained: dict[int, list[int]] = {p.epoch: [] for p in plans}
+    step = done
+    while epoch < len(plans) and step < total:
+        plan = plans[epoch]
+        for _ in range(min(plan.steps(world, cursor), total - step)):
+            trained[epoch] += [i for r in range(world) if (i := plan.pack_index(cursor, 0, r, world)) is not None]
+            cursor, step = min(cursor + world, len(plan.packs)), step + 1
+            if stop_after is not None and step - done == stop_after:
+                return trained, (epoch, cursor, step)
+        epoch, cursor = epoch + 1, 0
+    return trained, (epoch, cursor, step)
+
+
+@pytest.mark.parametrize("first,second,stop_after", [(2, 4, 50), (2, 4, 24), (2, 1, 26), (4, 2, 13), (1, 3, 70)])
+def test_a_resume_on_another_world_size_trains_every_pack_of_every_epoch_once(first, second, stop_after) -> None:
+    """Issue 40: the run's length was recomputed for the new world size and compared with a step count of the old
+    one. 2 epochs x 100 packs, checkpointed after epoch 0 on 2 workers and resumed on 4, ended at once; resumed
+    mid-epoch, 52 of 200 packs were never trained."""
+    lengths = np.full(100, 10)
+    plans = [plan_epoch([100], lengths, seed=1, epoch=e, window=1, budget=10) for e in range(2)]  # 100 packs each
+    before, (epoch, cursor, step) = _replay(plans, first, 0, 0, 0, stop_after)
+    after, end = _replay(plans, second, epoch, cursor, step, None)
+    for e in range(2):
+        assert sorted(before[e] + after[e]) == list(range(100)), f"epoch {e}"
+    assert end[2] == total_steps(plans, second, epoch, cursor, step, None)  # the schedule's length is where it ends

@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import ray
+from ray.train import TrainingFailedError
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from raypipe.eval.spec_decode import generate_in_vllm
@@ -190,6 +191,53 @@ def test_a_killed_worker_resumes_from_its_checkpoint_and_trains_every_sample_onc
     logged = [s["step"] for s in curve]
     # Steps after the checkpoint were replayed, not skipped or doubled: every step is in exactly one logged interval.
     assert logged == sorted(set(logged)) and sum(s["steps"] for s in curve) == logged[-1]
+
+
+def test_a_resume_on_more_workers_trains_across_the_change_every_sample_once(
+    prepared: Path, replies, service, tmp_path: Path
+) -> None:
+    """Issue 40: a run stopped mid-epoch on 1 worker and resumed on 2 (train.run.num_workers may change on a resume)
+    trains the rest of both epochs, every sample exactly once per epoch, and its schedule ends where the run does.
+    Before, the run's length was recomputed for the new size and compared with the old size's step count: the resumed
+    run stopped short (on fewer workers, its schedule would run past the end)."""
+    one = with_replies(
+        run_config(
+            prepared,
+            tmp_path,
+            "train.schedule.epochs=2",
+            "train.run.checkpoint_every=6",
+            "train.run.max_failures=0",
+            "train.run.num_workers=1",
+        ),
+        replies,
+    )
+    run = RunFolders.of(one)
+    killed: dict = {}
+
+    def stop_after_a_committed_checkpoint() -> dict | None:
+        segments = run.ledger.glob("epoch-0000/*.rank-0000.json") if run.root.exists("ledger") else []
+        if len(segments) < 2 or not run.ray_train.exists(f"{one.name}/checkpoint_manager_snapshot.json"):
+            return None
+        second = run.ledger.read_json(segments[1])
+        os.kill(second["pid"], signal.SIGKILL)  # no failure allowed: the run ends here, mid-epoch 0
+        killed.update(cursor=second["packs"][1])
+        return killed
+
+    with pytest.raises(TrainingFailedError):
+        train_while(one, stop_after_a_committed_checkpoint)
+    assert killed
+    two = with_replies(
+        run_config(prepared, tmp_path, "train.schedule.epochs=2", "train.run.checkpoint_every=6"), replies
+    )
+    assert two.train.run.num_workers == 2 and train(two).error is None
+    expected = Counter(_all_sample_ids(two))
+    for epoch in range(2):
+        trained = Counter(sid for seg in read_ledger(run.ledger, epoch) for sid in seg["sample_ids"])
+        missing, repeated = len(expected - trained), len(trained - expected)
+        assert trained == expected, f"epoch {epoch}: missing {missing}, repeated {repeated}"
+    assert run.ledger.glob("epoch-0001/*.rank-0001.json"), "epoch 1 is trained by both workers"
+    curve = read_training_curve(run.ledger)
+    assert curve[-1]["lr"] < 0.05 * two.train.optim.lr, "the schedule ends where the run does"
 
 
 def test_a_killed_replica_mid_epoch_loses_no_sample_and_leaves_no_state_files(
