@@ -5,22 +5,33 @@ ahead of the consumer (so extraction for the next steps overlaps the current
 one) and yields results in submission order. Each request names this
 process's node and pid, so a replica on the same node hands the states over
 as files this process owns (raypipe.serve.transport), and one elsewhere sends
-arrays. A request that times out is cancelled (the replica aborts it in the
-engine) and resubmitted; one whose replica died is resubmitted, with
-exponential backoff; each batch's result is yielded exactly once. An error
-the replica raised (a refused request, a failed check) is deterministic and
-raised at once.
+arrays. Each batch's result is yielded exactly once. An error the replica
+raised (a refused request, a failed check) is deterministic and raised at once.
+
+A request that times out is cancelled, which the replica turns into aborts in
+the engine (raypipe.serve.deployment), so its retry replaces its work instead
+of queueing behind it; one whose replica died is resubmitted. Retries wait a
+random time up to an exponentially growing bound (full jitter: clients that
+failed together do not come back together), and each attempt waits twice as
+long as the one before, up to 4 times the first, so a request that is slow
+rather than lost (long prefills under load) gets done instead of being
+restarted at the same deadline every time. Files a cancelled request was handed anyway (the replica had
+finished it as the cancel came) are removed by name at the next results.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import time
+import uuid
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ray.exceptions import GetTimeoutError, RayActorError
+
+from raypipe.serve.transport import STALE_S, release_request
 
 
 class HiddenStateClient:
@@ -36,33 +47,52 @@ class HiddenStateClient:
         self.backoff_s = backoff_s
         self.resubmitted = 0
         self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
+        # tag of a cancelled request: (its sequences not yet found handed over, until when they are looked for)
+        self.cancelled: dict[str, tuple[int, float]] = {}
+        self._jitter = random.Random()
 
-    def _submit(self, batch: list[list[int]]) -> Any:
+    def _submit(self, batch: list[list[int]]) -> tuple[str, Any] | None:
         if not batch:
             return None  # nothing to ask for (e.g. every sequence was a cache hit)
-        return self.handle.extract.remote(batch, **self.where)
+        tag = uuid.uuid4().hex
+        return tag, self.handle.extract.remote(batch, tag=tag, **self.where)
 
-    def _result(self, batch: list[list[int]], response: Any) -> list[Any]:
+    def _result(self, batch: list[list[int]], submitted: tuple[str, Any] | None) -> list[Any]:
         for attempt in range(self.retries + 1):
-            if response is None:
+            if submitted is None:
                 return []
+            tag, response = submitted
             try:
-                return response.result(timeout_s=self.timeout_s)
+                states = response.result(timeout_s=self.timeout_s * min(2**attempt, 4))
             except (GetTimeoutError, TimeoutError, RayActorError):  # timed out (cancelled below) or the replica is gone
                 if attempt == self.retries:
                     raise
                 response.cancel()
-                time.sleep(self.backoff_s * 2**attempt)
+                self.cancelled[tag] = (len(batch), time.monotonic() + STALE_S)
+                time.sleep(self._jitter.uniform(0, self.backoff_s * 2**attempt))
                 self.resubmitted += 1
-                response = self._submit(batch)
+                submitted = self._submit(batch)
+                continue
+            self._release_cancelled()
+            return states
         raise AssertionError("unreachable")
+
+    def _release_cancelled(self) -> None:
+        """Remove what cancelled requests were handed anyway; a request's files arrive together or not at all, but
+        may arrive after its cancel, so each tag is looked for until all its sequences were found or STALE_S passed."""
+        for tag, (left, until) in list(self.cancelled.items()):
+            left -= release_request(self.where["owner_pid"], tag)
+            if left > 0 and time.monotonic() < until:
+                self.cancelled[tag] = (left, until)
+            else:  # all found, or aborted before they were computed; release_owner takes any late one at exit
+                del self.cancelled[tag]
 
     def extract(self, batch: list[list[int]]) -> list[Any]:
         return self._result(batch, self._submit(batch))
 
     def stream(self, batches: Iterable[list[list[int]]]) -> Iterator[list[Any]]:
         """Extraction results per batch, in order, with up to `max_in_flight` requests ahead of the consumer."""
-        pending: deque[tuple[list[list[int]], Any]] = deque()
+        pending: deque[tuple[list[list[int]], tuple[str, Any] | None]] = deque()
         for batch in batches:
             pending.append((batch, self._submit(batch)))
             if len(pending) >= self.max_in_flight:

@@ -45,9 +45,11 @@ from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.reaper import reap_orphans
 from raypipe.serve.transport import (
+    STALE_S,
     StateFile,
     as_tensor,
     discard,
+    discard_if_written,
     hand_over,
     read_array,
     reclaim_orphans,
@@ -78,17 +80,21 @@ class ReferenceEngine:
         with self._lock:
             return fn(*args)
 
-    async def extract(self, ids: list[int]) -> str:
+    async def extract(self, ids: list[int], name: str | None = None) -> str:
         [states] = await asyncio.to_thread(self._locked, self.engine.extract, [ids])
-        return write_states(self.directory, uuid.uuid4().hex, states, ids)
+        return write_states(self.directory, name or uuid.uuid4().hex, states, ids)
 
-    async def generate(self, ids: list[int], sampling: Sampling) -> list[int]:
+    async def generate(self, ids: list[int], sampling: Sampling, name: str | None = None) -> list[int]:
         [reply] = await asyncio.to_thread(self._locked, self.engine.generate, [ids], sampling)
         return reply
 
     @property
     def engine_pids(self) -> list[int]:
         return []  # it runs in the replica's own process
+
+    @property
+    def aborted(self) -> int:
+        return 0  # a call in a thread cannot be stopped: it runs to its end, and a cancelled one writes no file
 
     async def check_health(self) -> None:
         return None
@@ -149,7 +155,8 @@ class HiddenStateService:
         self.requests = 0
         self.in_flight = 0  # sequences inside the engine now
         self.max_in_flight = 0
-        self._background: set[asyncio.Future[Any]] = set()  # cancelled requests' engine work, finishing (see _paths)
+        self._background: set[asyncio.Future[Any]] = set()  # cancelled hand-overs, finishing (see extract)
+        self._abandoned: dict[str, float] = {}  # aborted requests' files, removed once written (see _abandon)
         self.last_canary: CanaryReport | None = None
         self.canary_check = Canary(target.path, self.layer_ids, max_len=cfg.max_model_len - 1)
         methods = [{"method": m} for m in METHODS]  # at 0 from the start (raypipe.counters)
@@ -172,7 +179,7 @@ class HiddenStateService:
         """Every RECLAIM_EVERY_S for the replica's life: a sweep that fails is logged, and the next one runs."""
         while True:
             await asyncio.sleep(RECLAIM_EVERY_S)
-            for sweep in (reclaim_orphans, reap_orphans):
+            for sweep in (self._sweep_abandoned, reclaim_orphans, reap_orphans):
                 try:
                     await asyncio.to_thread(sweep)
                 except Exception:  # the loop outlives any one sweep
@@ -188,44 +195,61 @@ class HiddenStateService:
         self.in_flight -= 1
         self.m_queue.set(self.in_flight)
 
-    async def _paths(self, batch: list[list[int]]) -> list[str]:
-        """One engine request per sequence, all in flight together. A cancelled or failed call lets its engine
-        requests finish and removes their files then: an engine request aborted after its prefill may still have its
-        states written under a name nobody would learn, so none is aborted (each is one prefill)."""
-        tasks = [asyncio.ensure_future(self.engine.extract(ids)) for ids in batch]
+    async def _paths(self, batch: list[list[int]], tag: str) -> list[str]:
+        """One engine request per sequence, all in flight together, the i-th writing `<tag>-<i>.safetensors`. A
+        cancelled call cancels its engine requests, which vLLM aborts (raypipe.serve.vllm_engine): those not yet
+        computed cost nothing more, and the files of those computed are removed once written, by their known names."""
+        names = [f"{tag}-{i}" for i in range(len(batch))]
+        tasks = [asyncio.ensure_future(self.engine.extract(ids, name)) for ids, name in zip(batch, names)]
         self.in_flight += len(tasks)
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         self.m_queue.set(self.in_flight)
         for task in tasks:
             task.add_done_callback(self._left)
-        gathered = asyncio.gather(*tasks, return_exceptions=True)
         try:
-            results = await asyncio.shield(gathered)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
         except asyncio.CancelledError:
-            self._later(self._discard_when_done(gathered))
+            for task in tasks:
+                task.cancel()
+            self._abandon([str(self.directory / f"{name}.safetensors") for name in names])
             raise
         if any(isinstance(r, BaseException) for r in results):
             await asyncio.to_thread(lambda: [discard(p) for p in results if isinstance(p, str)])
             raise next(r for r in results if isinstance(r, BaseException))
         return list(results)
 
-    async def _discard_when_done(self, work: asyncio.Future[Any]) -> None:
-        """Remove the files of a cancelled call's engine requests, or of its hand-over, once they are written."""
+    def _abandon(self, paths: list[str]) -> None:
+        """Files an aborted request may still get (the engine writes what it had computed): removed by the periodic
+        sweep once written, forgotten after the stale age (a request aborted before it ran writes none)."""
+        for path in paths:
+            self._abandoned[path] = time.monotonic() + STALE_S
+        self._later(self._sweep_soon())
+
+    async def _sweep_soon(self, every_s: float = 0.5, times: int = 20) -> None:
+        """An aborted request that was scheduled has its file written at the engine's next step: look for a while,
+        so /dev/shm holds it seconds rather than until the periodic sweep."""
+        for _ in range(times):
+            await asyncio.sleep(every_s)
+            await asyncio.to_thread(self._sweep_abandoned)
+
+    def _sweep_abandoned(self) -> None:
+        for path, until in list(self._abandoned.items()):
+            if discard_if_written(path) or time.monotonic() > until:
+                del self._abandoned[path]
+
+    async def _discard_when_done(self, delivery: asyncio.Future[Any]) -> None:
+        """Remove the files a cancelled call's hand-over delivered, once it ends."""
         try:
-            results = await work
+            states = await delivery
         except Exception:  # noqa: BLE001 - a failed hand-over removed its files itself
             return
         await asyncio.to_thread(
-            lambda: [
-                discard(r) if isinstance(r, str) else Path(r.path).unlink(missing_ok=True)
-                for r in results
-                if isinstance(r, (str, StateFile))
-            ]
+            lambda: [Path(s.path).unlink(missing_ok=True) for s in states if isinstance(s, StateFile)]
         )
 
     async def _canary_states(self, prompts: list[list[int]]) -> list[Any]:
         """The engine's states for the canary prompts, through the same path as every request."""
-        paths = await self._paths(prompts)
+        paths = await self._paths(prompts, uuid.uuid4().hex)
         return await asyncio.to_thread(lambda: [as_tensor(read_array(p, ids)) for p, ids in zip(paths, prompts)])
 
     async def _canary(self) -> CanaryReport:
@@ -240,14 +264,20 @@ class HiddenStateService:
         self.m_latency.observe(time.perf_counter() - start, tags)
 
     async def extract(
-        self, batch: list[list[int]], node_id: str | None = None, owner_pid: int | None = None
+        self,
+        batch: list[list[int]],
+        node_id: str | None = None,
+        owner_pid: int | None = None,
+        tag: str | None = None,
     ) -> list[StateFile | np.ndarray]:
         """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner_pid` when
-        the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store."""
+        the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store. The
+        i-th sequence's file is `<tag>-<i>.safetensors`: a caller that cancels the request can remove what was handed
+        over to it anyway (raypipe.serve.transport.release_request)."""
         validate_batch(batch, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        paths = await self._paths(batch)
+        paths = await self._paths(batch, tag or uuid.uuid4().hex)
         owner = owner_pid if node_id == self.node_id else None
         delivery = asyncio.ensure_future(asyncio.to_thread(_deliver, paths, batch, owner))
         try:
@@ -262,11 +292,18 @@ class HiddenStateService:
         validate_batch(prompts, **self.limits)
         start = time.perf_counter()
         self.requests += 1
-        work = asyncio.gather(*(self.engine.generate(ids, Sampling(**(sampling or {}))) for ids in prompts))
+        tag = uuid.uuid4().hex
+        names = [f"{tag}-{i}" for i in range(len(prompts))]
+        tasks = [
+            asyncio.ensure_future(self.engine.generate(ids, Sampling(**(sampling or {})), name))
+            for ids, name in zip(prompts, names)
+        ]
         try:
-            replies = await asyncio.shield(work)
+            replies = await asyncio.gather(*tasks)
         except asyncio.CancelledError:
-            self._later(work)  # as in _paths: its requests finish and remove their state files themselves
+            for task in tasks:
+                task.cancel()  # aborted in the engine, as in _paths
+            self._abandon([str(self.directory / f"{name}.safetensors") for name in names])
             raise
         self._served("generate", prompts, start)
         return list(replies)
@@ -286,6 +323,8 @@ class HiddenStateService:
             "requests": self.requests,
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
+            "aborted": self.engine.aborted,  # engine requests cancelled before their end, aborted in the engine
+            "abandoned": len(self._abandoned),
             "canary": self.last_canary.message() if self.last_canary else None,
             "canary_reference": {
                 "builds": self.canary_check.builds,

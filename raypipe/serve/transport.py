@@ -40,6 +40,7 @@ import torch
 
 PREFIX = "raypipe-states-"
 OWNER = "owner-"
+STALE_S = 600.0  # a file this old in a live replica's directory was abandoned between the engine and the hand-over
 # safetensors dtype name: (torch dtype, NumPy dtype that carries its bits; NumPy has no bfloat16)
 DTYPES = {"BF16": (torch.bfloat16, np.uint16), "F16": (torch.float16, np.float16), "F32": (torch.float32, np.float32)}
 
@@ -162,6 +163,25 @@ def discard(path: str) -> None:
     Path(path).unlink(missing_ok=True)
 
 
+def discard_if_written(path: str) -> bool:
+    """Remove the file if it is written, without waiting for a writer; True when it was. An aborted request's file is
+    written on a later engine step if it was scheduled, never if not: its caller polls instead of blocking."""
+    lock = path + ".lock"
+    try:
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        os.unlink(lock)
+    except FileNotFoundError:
+        pass
+    except BlockingIOError:
+        return False  # being written
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def write_states(directory: Path, name: str, states: torch.Tensor, token_ids: list[int]) -> str:
     """The connector's file format, for engines that compute states in this process (the transformers reference)."""
     from safetensors.torch import save_file
@@ -225,7 +245,17 @@ def release_owner(pid: int, root: str | None = None) -> None:
         shutil.rmtree(owner, ignore_errors=True)
 
 
-def reclaim_orphans(root: str | None = None, stale_s: float = 600.0) -> list[str]:
+def release_request(pid: int, tag: str, root: str | None = None) -> int:
+    """Remove the files of request `tag` handed over to trainer `pid` (`<tag>-<i>.safetensors`): a request its caller
+    cancelled, whose replica had handed them over anyway. Returns how many were removed."""
+    removed = 0
+    for path in Path(root or memory_dir() or tempfile.gettempdir()).glob(f"{PREFIX}*/{OWNER}{pid}/{tag}-*.safetensors"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+def reclaim_orphans(root: str | None = None, stale_s: float = STALE_S) -> list[str]:
     """Remove state files nobody can read any more on this node; returns what was removed.
 
     - files of a replica whose process is gone (its engine's output, never

@@ -2,10 +2,14 @@
 
 vLLM computes the configured layers' residual streams (raypipe.target
 convention, which is vLLM's own) during prefill, and raypipe's connector
-writes them per request to this replica's directory in shared memory
-(raypipe.serve.transport hands each file on). Every request, extraction or
-reply, streams through the engine's continuous batching on its own: no lock,
-no merged calls, and a request cancelled by its caller is aborted in the engine.
+writes them per request to this replica's directory in shared memory, under
+the name the caller gives (raypipe.serve.transport hands each file on). Every
+request, extraction or reply, streams through the engine's continuous batching
+on its own: no lock, no merged calls. A request cancelled by its caller is
+aborted in the engine (vLLM's `generate` aborts when its consumer is
+cancelled): one never scheduled costs nothing and writes no file, one
+scheduled writes what it computed under its known name, for the caller to
+remove.
 The engine core runs in a child process: it is recorded (raypipe.serve.reaper)
 and ended by its pid when the engine closes, or, if this process is killed
 hard, by the next engine to start on the node. When it cannot start, vLLM
@@ -22,6 +26,7 @@ import os
 import re
 import uuid
 from pathlib import Path
+from typing import Any
 
 from raypipe.config import ServeConfig
 from raypipe.serve.engine import Sampling
@@ -86,9 +91,12 @@ class VllmEngine:
                 kv_connector="HiddenStatesConnector",
                 kv_connector_module_path="raypipe.compat.vllm_connector",
                 kv_role="kv_producer",
-                kv_connector_extra_config={"shared_storage_path": str(directory)},
+                # Each request's file is named by the caller (a cancelled request's file can then be found and
+                # removed); only raypipe's own code submits requests to this engine.
+                kv_connector_extra_config={"shared_storage_path": str(directory), "allow_custom_save_path": True},
             ),
         )
+        self.aborted = 0  # requests cancelled before their end, aborted in the engine
         output = _output_files()
         with engine_processes() as self.processes:
             try:
@@ -96,22 +104,35 @@ class VllmEngine:
             except Exception as err:
                 raise start_error(err, output) from err
 
-    async def _final(self, ids: list[int], params: object) -> object:
+    def path(self, name: str | None = None) -> str:
+        """Where the connector writes the states of the request called `name` (a fresh name when None)."""
+        return str(self.directory / f"{name or uuid.uuid4().hex}.safetensors")
+
+    async def _final(self, ids: list[int], params: Any, path: str) -> Any:
+        """The request's final output, its states written to `path`. Cancelled, vLLM aborts it in the engine."""
+        params.extra_args = {"kv_transfer_params": {"hidden_states_path": path}}
         final = None
-        async for output in self.llm.generate({"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex):
-            final = output
+        try:
+            async for output in self.llm.generate({"prompt_token_ids": ids}, params, request_id=uuid.uuid4().hex):
+                final = output
+        except asyncio.CancelledError:
+            self.aborted += 1
+            raise
         assert final is not None and final.finished
+        assert final.kv_transfer_params["hidden_states_path"] == path, "the connector ignored the request's path"
         return final
 
-    async def extract(self, ids: list[int]) -> str:
+    async def extract(self, ids: list[int], name: str | None = None) -> str:
         """The path of the file the connector writes this sequence's states to (raypipe.serve.transport reads it)."""
         from vllm import SamplingParams
 
-        final = await self._final(ids, SamplingParams(temperature=0.0, max_tokens=1))
-        return final.kv_transfer_params["hidden_states_path"]
+        path = self.path(name)
+        await self._final(ids, SamplingParams(temperature=0.0, max_tokens=1), path)
+        return path
 
-    async def generate(self, ids: list[int], sampling: Sampling) -> list[int]:
-        """A reply, through the end-of-turn token when the model emits it."""
+    async def generate(self, ids: list[int], sampling: Sampling, name: str | None = None) -> list[int]:
+        """A reply, through the end-of-turn token when the model emits it. Its states are written too (every finished
+        request's are) and removed here."""
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -121,10 +142,9 @@ class VllmEngine:
             seed=sampling.seed,
             stop_token_ids=list(sampling.stop_token_ids),
         )
-        final = await self._final(ids, params)
-        await asyncio.to_thread(
-            discard, final.kv_transfer_params["hidden_states_path"]
-        )  # every finished request writes states
+        path = self.path(name)
+        final = await self._final(ids, params, path)
+        await asyncio.to_thread(discard, path)
         return list(final.outputs[0].token_ids)
 
     @property

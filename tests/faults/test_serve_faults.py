@@ -22,7 +22,7 @@ from ray.exceptions import TaskCancelledError
 from ray.serve.exceptions import RequestCancelledError
 
 from raypipe.serve.deployment import HiddenStateService, engine_process_options
-from raypipe.serve.transport import OWNER, as_tensor, release_owner
+from raypipe.serve.transport import OWNER, as_tensor, release_owner, release_request
 from tests.helpers import serve_config
 
 pytestmark = pytest.mark.integration
@@ -96,7 +96,7 @@ def test_cancelled_requests_hurt_no_other_request_and_leave_no_file(service: Any
     # A long generation holds engine slots, so some extraction sequences wait in vLLM's queue while others run.
     long = service.generate.remote([[9707, 1879]] * 4, {"max_tokens": 200})
     batches = [_batch(rng) for _ in range(16)]
-    responses = [service.extract.remote(b, **_where(i % 2 == 0)) for i, b in enumerate(batches)]
+    responses = [service.extract.remote(b, tag=f"hurt-{i}", **_where(i % 2 == 0)) for i, b in enumerate(batches)]
     cancelled = set(range(0, 16, 3))
     for i in sorted(cancelled):
         if i > 8:
@@ -109,14 +109,35 @@ def test_cancelled_requests_hurt_no_other_request_and_leave_no_file(service: Any
     assert len(long.result(timeout_s=RESULT_TIMEOUT_S)) == 4
     # Nothing stays in the replica's directory. A cancel that reaches Serve after the replica returned is reported
     # as cancelled, though its files were handed over: at most the cancelled requests' sequences wait in this
-    # process's owner folder, and release_owner (every trainer's exit) removes them.
+    # process's owner folder, named by their request's tag, and the client removes them by it.
     stats, left = _settled(service, owner=False)
     assert stats["in_flight"] == 0 and not left, left
     handed = _leftovers(Path(stats["directory"]))
     assert len(handed) <= sum(len(batches[i]) for i in cancelled if outcomes[i] == "cancelled"), handed
-    release_owner(os.getpid())
+    for i in cancelled:
+        release_request(os.getpid(), f"hurt-{i}")
     assert not _leftovers(Path(stats["directory"]))
     service.check_health.remote().result(timeout_s=RESULT_TIMEOUT_S)
+    _check_states([[1, 2, 3]], service.extract.remote([[1, 2, 3]], **_where(True)).result(timeout_s=RESULT_TIMEOUT_S))
+
+
+def test_a_cancelled_request_is_aborted_in_the_engine_and_leaves_no_file(service: Any) -> None:
+    """Issue 40: the replica let every engine request of a cancelled call run to its end, a full prefill each, so a
+    client's timeout and retry doubled the work of an overloaded engine. Now the engine requests of a cancelled call are
+    aborted: those not yet computed cost nothing, and the files of those computed are removed by their known names."""
+    rng = random.Random(5)
+    batches = [[[rng.randrange(1, 150_000) for _ in range(250)] for _ in range(8)] for _ in range(12)]
+    before = service.stats.remote().result(timeout_s=RESULT_TIMEOUT_S)["aborted"]
+    responses = [service.extract.remote(b, tag=f"abort-{i}", **_where(i % 2 == 0)) for i, b in enumerate(batches)]
+    for response in responses:
+        response.cancel()  # 96 sequences of 250 tokens: most are still waiting in the engine
+    outcomes = [_outcome(b, r, cancelled=True) for b, r in zip(batches, responses)]
+    stats, left = _settled(service, owner=False)
+    assert stats["aborted"] - before > 0, (outcomes, stats)
+    assert stats["in_flight"] == 0 and not left, left
+    for i in range(len(batches)):
+        release_request(os.getpid(), f"abort-{i}")
+    assert not _leftovers(Path(stats["directory"]))
     _check_states([[1, 2, 3]], service.extract.remote([[1, 2, 3]], **_where(True)).result(timeout_s=RESULT_TIMEOUT_S))
 
 
