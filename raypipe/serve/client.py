@@ -3,24 +3,26 @@
 `stream(batches)` keeps up to `max_in_flight` extraction requests in flight
 ahead of the consumer (so extraction for the next steps overlaps the current
 one) and yields results in submission order. Each request names this
-process's node and pid, so a replica on the same node hands the states over
-as files this process owns (raypipe.serve.transport), and one elsewhere sends
-arrays. A request that times out is cancelled (the replica aborts it in the
-engine) and resubmitted; one whose replica died is resubmitted, with
-exponential backoff; each batch's result is yielded exactly once. An error
-the replica raised (a refused request, a failed check) is deterministic and
-raised at once.
+process's node and identity (pid, start time, pid namespace), so a replica
+on the same node hands the states over as files this process owns
+(raypipe.serve.transport), and one elsewhere sends arrays. A request that
+times out is cancelled (the replica aborts it in the engine) and
+resubmitted; one whose replica died is resubmitted, with exponential
+backoff; each batch's result is yielded exactly once. An error the replica
+raised (a refused request, a failed check) is deterministic and raised at
+once.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ray.exceptions import GetTimeoutError, RayActorError
+
+from raypipe.serve.transport import process_identity
 
 
 class HiddenStateClient:
@@ -35,7 +37,7 @@ class HiddenStateClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.resubmitted = 0
-        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
+        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner": process_identity()}
 
     def _submit(self, batch: list[list[int]]) -> Any:
         if not batch:

@@ -97,14 +97,14 @@ class ReferenceEngine:
         return None
 
 
-def _deliver(paths: list[str], batch: list[list[int]], owner_pid: int | None) -> list[StateFile | np.ndarray]:
-    """Each sequence's states as the caller takes them: handed over to `owner_pid` on this node, else read into arrays.
+def _deliver(paths: list[str], batch: list[list[int]], owner: str | None) -> list[StateFile | np.ndarray]:
+    """Each sequence's states as the caller takes them: handed over to `owner` on this node, else read into arrays.
     On any failure every file of the request is removed, those already handed over included. (Defined above the
     deployment: Serve pickles the class, with the globals its methods use, when the class is defined.)"""
     out: list[StateFile | np.ndarray] = []
     try:
         for path, ids in zip(paths, batch):
-            out.append(hand_over(path, ids, owner_pid) if owner_pid is not None else read_array(path, ids))
+            out.append(hand_over(path, ids, owner) if owner is not None else read_array(path, ids))
     except BaseException:
         for path in paths:
             discard(path)
@@ -240,15 +240,16 @@ class HiddenStateService:
         self.m_latency.observe(time.perf_counter() - start, tags)
 
     async def extract(
-        self, batch: list[list[int]], node_id: str | None = None, owner_pid: int | None = None
+        self, batch: list[list[int]], node_id: str | None = None, owner: str | None = None
     ) -> list[StateFile | np.ndarray]:
-        """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner_pid` when
-        the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store."""
+        """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner` (the
+        caller's `process_identity`) when it runs on this node (`node_id`), else a NumPy array (bf16 as uint16)
+        through the object store."""
         validate_batch(batch, **self.limits)
         start = time.perf_counter()
         self.requests += 1
         paths = await self._paths(batch)
-        owner = owner_pid if node_id == self.node_id else None
+        owner = owner if node_id == self.node_id else None
         delivery = asyncio.ensure_future(asyncio.to_thread(_deliver, paths, batch, owner))
         try:
             states = await asyncio.shield(delivery)
