@@ -141,13 +141,27 @@ def _check_complete(path: str, start: int, header: dict[str, Any]) -> None:
         )
 
 
+class MismatchedStateFile(OSError):
+    """A state file whose token ids are not the request's: the states of another sequence."""
+
+
 def _check_ids(path: str, start: int, header: dict[str, Any], expected_ids: list[int]) -> None:
+    """The file's token ids are the request's (a real check, kept under `python -O`: the only one of the content)."""
     entry = header["token_ids"]
     begin, end = entry["data_offsets"]
     with open(path, "rb") as f:
         f.seek(start + begin)
-        ids = np.frombuffer(f.read(end - begin), dtype=np.int64 if entry["dtype"] == "I64" else np.int32)
-    assert ids.tolist() == expected_ids, "hidden states of another sequence"
+        ids = np.frombuffer(f.read(end - begin), dtype=np.int64 if entry["dtype"] == "I64" else np.int32).tolist()
+    if ids != expected_ids:
+        differ = next(
+            (i for i, (a, b) in enumerate(zip(ids, expected_ids)) if a != b), min(len(ids), len(expected_ids))
+        )
+        raise MismatchedStateFile(
+            f"state file {path} holds the states of another sequence: {len(ids)} token ids where the request has "
+            f"{len(expected_ids)}, the first difference at position {differ}. The engine wrote other tokens than it "
+            "was asked for (a vLLM whose hidden-states connector names its files otherwise, or that changed the "
+            "prompt); check that vLLM is the version raypipe pins (pyproject.toml)"
+        )
 
 
 def hand_over(path: str, expected_ids: list[int], owner: str) -> StateFile:

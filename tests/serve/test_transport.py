@@ -15,6 +15,7 @@ import torch
 
 from raypipe.serve.transport import (
     OWNER,
+    MismatchedStateFile,
     ShortStateFile,
     StateFile,
     as_tensor,
@@ -67,8 +68,23 @@ def test_the_cross_node_array_carries_bf16_bits(directory: Path) -> None:
 
 def test_states_of_another_sequence_are_refused(directory: Path) -> None:
     path = write_states(directory, "req", torch.zeros(3, 1, 4), [1, 2, 3])
-    with pytest.raises(AssertionError, match="another sequence"):
+    with pytest.raises(MismatchedStateFile, match=rf"{path} holds the states of another sequence.*position 2"):
         hand_over(path, [1, 2, 4], process_identity())
+
+
+def test_states_of_another_sequence_are_refused_under_python_dash_o_too(tmp_path: Path) -> None:
+    """The token-id check is the only check of a state file's content: `python -O`, which drops asserts, keeps it."""
+    script = (
+        "import sys, torch; from pathlib import Path; "
+        "from raypipe.serve.transport import hand_over, process_identity, write_states; "
+        "path = write_states(Path(sys.argv[1]), 'req', torch.zeros(3, 1, 4), [1, 2, 3]); "
+        "hand_over(path, [1, 2, 4], process_identity())"
+    )
+    root = Path(__file__).resolve().parents[2]
+    run = subprocess.run(
+        [sys.executable, "-O", "-c", script, str(tmp_path)], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode != 0 and "MismatchedStateFile" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.timeout(60)  # before the check, the cross-node read spun forever on the end of the file
