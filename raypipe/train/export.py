@@ -26,7 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 from raypipe.config import RaypipeConfig
 from raypipe.layout import RunFolders
 from raypipe.serve.vllm_args import engine_args, serve_command
-from raypipe.storage import Storage, absolute
+from raypipe.storage import Storage, absolute, sync_directory
 from raypipe.target import resolve_model, resolve_target
 from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
 from raypipe.train.contract import Contract, TargetFacts, check_drafter
@@ -120,6 +120,7 @@ def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
     out.refresh()
     exists = fs.exists(out.root)
     if local and exists and _exchange(staging.root, out.root):
+        sync_directory(os.path.dirname(out.root))  # the names, as Storage.write syncs the files
         return
     if exists:
         if not local and fs.exists(out.path(DONE)):
@@ -127,6 +128,7 @@ def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
         fs.mv(out.root, old, recursive=True)
     if local:
         fs.mv(staging.root, out.root, recursive=True)
+        sync_directory(os.path.dirname(out.root))
     else:
         for name in [*files, DONE]:
             fs.mv(staging.path(name), out.path(name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,13 @@ def test_the_exchange_swaps_two_directories_in_one_step(tmp_path: Path) -> None:
     _export(tmp_path / "b", 2)
     assert _exchange(str(tmp_path / "a"), str(tmp_path / "b"))
     assert (_step(tmp_path / "a"), _step(tmp_path / "b")) == (2, 1)
+
+
+def test_the_export_in_place_is_synced_to_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the swap the directory that holds the export is synced: the new name survives a crash of the machine."""
+    out, staging = _export(tmp_path / "drafter", 1), _export(tmp_path / "drafter.tmp-new", 2)
+    synced: list[str] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), fsync(fd))[1])
+    _replace(staging, out, ["model.safetensors"])
+    assert synced == [str(tmp_path)]
