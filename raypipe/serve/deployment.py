@@ -47,7 +47,7 @@ from raypipe.serve.reaper import reap_orphans
 from raypipe.serve.transport import (
     StateFile,
     as_tensor,
-    discard,
+    discard_all,
     hand_over,
     read_array,
     reclaim_orphans,
@@ -106,11 +106,7 @@ def _deliver(paths: list[str], batch: list[list[int]], owner: str | None) -> lis
         for path, ids in zip(paths, batch):
             out.append(hand_over(path, ids, owner) if owner is not None else read_array(path, ids))
     except BaseException:
-        for path in paths:
-            discard(path)
-        for state in out:
-            if isinstance(state, StateFile):
-                Path(state.path).unlink(missing_ok=True)
+        discard_all([*paths, *(state for state in out if isinstance(state, StateFile))])
         raise
     return out
 
@@ -205,7 +201,7 @@ class HiddenStateService:
             self._later(self._discard_when_done(gathered))
             raise
         if any(isinstance(r, BaseException) for r in results):
-            await asyncio.to_thread(lambda: [discard(p) for p in results if isinstance(p, str)])
+            await asyncio.to_thread(discard_all, [p for p in results if isinstance(p, str)])
             raise next(r for r in results if isinstance(r, BaseException))
         return list(results)
 
@@ -215,13 +211,7 @@ class HiddenStateService:
             results = await work
         except Exception:  # noqa: BLE001 - a failed hand-over removed its files itself
             return
-        await asyncio.to_thread(
-            lambda: [
-                discard(r) if isinstance(r, str) else Path(r.path).unlink(missing_ok=True)
-                for r in results
-                if isinstance(r, (str, StateFile))
-            ]
-        )
+        await asyncio.to_thread(discard_all, [r for r in results if isinstance(r, (str, StateFile))])
 
     async def _canary_states(self, prompts: list[list[int]]) -> list[Any]:
         """The engine's states for the canary prompts, through the same path as every request."""

@@ -39,12 +39,15 @@ import struct
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from raypipe.console import logger
 
 PREFIX = "raypipe-states-"
 OWNER = "owner-"
@@ -207,6 +210,24 @@ def discard(path: str) -> None:
     """Remove a file nobody will read (a reply's states, a cancelled request's), once its writer is done."""
     _wait_for_writer(path)
     Path(path).unlink(missing_ok=True)
+
+
+def discard_all(files: Iterable[str | StateFile]) -> list[str]:
+    """Remove the files of a request nobody will read (its engine's output, or states already handed over), every
+    one of them whatever the others do; returns the failures, logged: one file that cannot be removed must not leave
+    the rest behind (the sweep of reclaim_orphans finds it later)."""
+    failures = []
+    for file in files:
+        try:
+            if isinstance(file, StateFile):
+                Path(file.path).unlink(missing_ok=True)
+            else:
+                discard(file)
+        except OSError as err:
+            failures.append(f"{file.path if isinstance(file, StateFile) else file}: {err}")
+    if failures:
+        logger("serve").warning(f"{len(failures)} state files not removed: " + "; ".join(failures))
+    return failures
 
 
 def write_states(directory: Path, name: str, states: torch.Tensor, token_ids: list[int]) -> str:

@@ -20,6 +20,7 @@ from raypipe.serve.transport import (
     StateFile,
     as_tensor,
     copy_states,
+    discard_all,
     hand_over,
     pid_namespace,
     process_identity,
@@ -254,3 +255,12 @@ def test_states_are_handed_over_only_to_a_process_identity(directory: Path) -> N
     with pytest.raises(ValueError, match="not a process identity"):
         hand_over(path, [1, 2, 3], "../../elsewhere")
     assert Path(path).exists()
+
+
+def test_every_file_of_a_request_is_discarded_though_one_fails(directory: Path) -> None:
+    """Engine outputs and handed-over states alike; the one that cannot be removed is reported, not raised."""
+    paths = [write_states(directory, f"req{i}", torch.zeros(2, 1, 4), [1, 2]) for i in range(3)]
+    (directory / "stuck.safetensors").mkdir()
+    stuck = str(directory / "stuck.safetensors")
+    [failure] = discard_all([paths[0], stuck, paths[1], StateFile(paths[2], 0, (2, 1, 4), "F32")])
+    assert failure.startswith(f"{stuck}: ") and not any(Path(p).exists() for p in paths)
