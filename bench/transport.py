@@ -48,7 +48,15 @@ def main() -> None:
     import torch
     from ray import serve
 
-    from raypipe.serve.transport import copy_states, hand_over, read_array, reclaim_orphans, replica_dir, write_states
+    from raypipe.serve.transport import (
+        copy_states,
+        hand_over,
+        process_identity,
+        read_array,
+        reclaim_orphans,
+        replica_dir,
+        write_states,
+    )
 
     @serve.deployment(ray_actor_options={"num_cpus": 1}, max_ongoing_requests=8)
     class States:
@@ -73,8 +81,8 @@ def main() -> None:
             os.unlink(path)
             return [data["hidden_states"].float().to(torch.bfloat16)]
 
-        def descriptor(self, owner_pid: int) -> list:
-            return [hand_over(self._file(), list(range(T)), owner_pid)]
+        def descriptor(self, owner: str) -> list:
+            return [hand_over(self._file(), list(range(T)), owner)]
 
         def array(self) -> list:
             return [read_array(self._file(), list(range(T)))]
@@ -113,10 +121,9 @@ def main() -> None:
             np.copyto(dst, src.view(np.int16))
         return args.rows * nbytes / (time.perf_counter() - start)
 
-    pid = os.getpid()
     rates = {"memcpy_1_thread": memcpy()}
     rates["old_path"] = timed(lambda: handle.old.remote(), old_consume)
-    rates["same_node_descriptor"] = timed(lambda: handle.descriptor.remote(pid), new_consume)
+    rates["same_node_descriptor"] = timed(lambda: handle.descriptor.remote(process_identity()), new_consume)
     rates["cross_node_array"] = timed(lambda: handle.array.remote(), new_consume)
     serve.shutdown()
     ray.shutdown()

@@ -2,6 +2,9 @@
 
 Every file is written under a temporary name and renamed into place, so a
 killed writer leaves complete files or none, and readers never see half a file.
+On a local filesystem a file is synced before its rename and its directory
+after, so a crash of the machine does not leave a complete-looking name over
+bytes that never reached the disk either.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from fsspec import AbstractFileSystem
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 
 def is_url(path: str) -> bool:
@@ -71,11 +75,21 @@ def file_identity(fs: Any, path: str) -> dict[str, Any]:
     return {"size": info["size"], "mtime": mtime if isinstance(mtime, (int, float)) else str(mtime)}
 
 
+def sync_directory(path: str) -> None:
+    """Make the names just renamed into local directory `path` durable (a directory is synced as a file is)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Storage:
     def __init__(self, url: str, storage_options: dict[str, Any]) -> None:
         self.url = url.rstrip("/")
         self.storage_options = storage_options
         self.fs, self.root = filesystem(self.url, storage_options)
+        self.local = isinstance(self.fs, LocalFileSystem)
 
     def path(self, *parts: str) -> str:
         return "/".join([self.root.rstrip("/"), *parts])
@@ -95,13 +109,21 @@ class Storage:
     def exists(self, rel: str) -> bool:
         return self.fs.exists(self.path(rel))
 
-    def write(self, rel: str, data: bytes) -> None:
+    def write(self, rel: str, data: bytes, durable: bool = True) -> None:
+        """`data` at `rel`, whole or not at all. `durable=False` skips the syncs (see the module): for the hidden-state
+        cache's file per sequence, where a sync each would hold up training steps."""
         path = self.path(rel)
-        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        directory = path.rsplit("/", 1)[0]
+        self.fs.makedirs(directory, exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         with self.fs.open(tmp, "wb") as f:
             f.write(data)
+            if self.local and durable:
+                f.flush()
+                os.fsync(f.fileno())
         self.fs.mv(tmp, path)
+        if self.local and durable:
+            sync_directory(directory)
 
     def read(self, rel: str) -> bytes:
         with self.fs.open(self.path(rel), "rb") as f:

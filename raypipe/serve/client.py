@@ -3,10 +3,11 @@
 `stream(batches)` keeps up to `max_in_flight` extraction requests in flight
 ahead of the consumer (so extraction for the next steps overlaps the current
 one) and yields results in submission order. Each request names this
-process's node and pid, so a replica on the same node hands the states over
-as files this process owns (raypipe.serve.transport), and one elsewhere sends
-arrays. Each batch's result is yielded exactly once. An error the replica
-raised (a refused request, a failed check) is deterministic and raised at once.
+process's node and identity (pid, start time, pid namespace), so a replica
+on the same node hands the states over as files this process owns
+(raypipe.serve.transport), and one elsewhere sends arrays. Each batch's
+result is yielded exactly once. An error the replica raised (a refused
+request, a failed check) is deterministic and raised at once.
 
 A request that times out is cancelled, which the replica turns into aborts in
 the engine (raypipe.serve.deployment), so its retry replaces its work instead
@@ -15,13 +16,13 @@ random time up to an exponentially growing bound (full jitter: clients that
 failed together do not come back together), and each attempt waits twice as
 long as the one before, up to 4 times the first, so a request that is slow
 rather than lost (long prefills under load) gets done instead of being
-restarted at the same deadline every time. Files a cancelled request was handed anyway (the replica had
-finished it as the cancel came) are removed by name at the next results.
+restarted at the same deadline every time. Files a cancelled request was
+handed anyway (the replica had finished it as the cancel came) are removed
+by name at the next results.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import uuid
@@ -31,7 +32,7 @@ from typing import Any
 
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from raypipe.serve.transport import STALE_S, release_request
+from raypipe.serve.transport import STALE_S, process_identity, release_request
 
 
 class HiddenStateClient:
@@ -46,7 +47,7 @@ class HiddenStateClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self.resubmitted = 0
-        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
+        self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner": process_identity()}
         # tag of a cancelled request: (its sequences not yet found handed over, until when they are looked for)
         self.cancelled: dict[str, tuple[int, float]] = {}
         self._jitter = random.Random()
@@ -81,7 +82,7 @@ class HiddenStateClient:
         """Remove what cancelled requests were handed anyway; a request's files arrive together or not at all, but
         may arrive after its cancel, so each tag is looked for until all its sequences were found or STALE_S passed."""
         for tag, (left, until) in list(self.cancelled.items()):
-            left -= release_request(self.where["owner_pid"], tag)
+            left -= release_request(self.where["owner"], tag)
             if left > 0 and time.monotonic() < until:
                 self.cancelled[tag] = (left, until)
             else:  # all found, or aborted before they were computed; release_owner takes any late one at exit

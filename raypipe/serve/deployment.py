@@ -48,7 +48,7 @@ from raypipe.serve.transport import (
     STALE_S,
     StateFile,
     as_tensor,
-    discard,
+    discard_all,
     discard_if_written,
     hand_over,
     read_array,
@@ -103,20 +103,16 @@ class ReferenceEngine:
         return None
 
 
-def _deliver(paths: list[str], batch: list[list[int]], owner_pid: int | None) -> list[StateFile | np.ndarray]:
-    """Each sequence's states as the caller takes them: handed over to `owner_pid` on this node, else read into arrays.
+def _deliver(paths: list[str], batch: list[list[int]], owner: str | None) -> list[StateFile | np.ndarray]:
+    """Each sequence's states as the caller takes them: handed over to `owner` on this node, else read into arrays.
     On any failure every file of the request is removed, those already handed over included. (Defined above the
     deployment: Serve pickles the class, with the globals its methods use, when the class is defined.)"""
     out: list[StateFile | np.ndarray] = []
     try:
         for path, ids in zip(paths, batch):
-            out.append(hand_over(path, ids, owner_pid) if owner_pid is not None else read_array(path, ids))
+            out.append(hand_over(path, ids, owner) if owner is not None else read_array(path, ids))
     except BaseException:
-        for path in paths:
-            discard(path)
-        for state in out:
-            if isinstance(state, StateFile):
-                Path(state.path).unlink(missing_ok=True)
+        discard_all([*paths, *(state for state in out if isinstance(state, StateFile))])
         raise
     return out
 
@@ -214,7 +210,7 @@ class HiddenStateService:
             self._abandon([str(self.directory / f"{name}.safetensors") for name in names])
             raise
         if any(isinstance(r, BaseException) for r in results):
-            await asyncio.to_thread(lambda: [discard(p) for p in results if isinstance(p, str)])
+            await asyncio.to_thread(discard_all, [p for p in results if isinstance(p, str)])
             raise next(r for r in results if isinstance(r, BaseException))
         return list(results)
 
@@ -243,9 +239,7 @@ class HiddenStateService:
             states = await delivery
         except Exception:  # noqa: BLE001 - a failed hand-over removed its files itself
             return
-        await asyncio.to_thread(
-            lambda: [Path(s.path).unlink(missing_ok=True) for s in states if isinstance(s, StateFile)]
-        )
+        await asyncio.to_thread(discard_all, [s for s in states if isinstance(s, StateFile)])
 
     async def _canary_states(self, prompts: list[list[int]]) -> list[Any]:
         """The engine's states for the canary prompts, through the same path as every request."""
@@ -267,18 +261,18 @@ class HiddenStateService:
         self,
         batch: list[list[int]],
         node_id: str | None = None,
-        owner_pid: int | None = None,
+        owner: str | None = None,
         tag: str | None = None,
     ) -> list[StateFile | np.ndarray]:
-        """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner_pid` when
-        the caller runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through the object store. The
-        i-th sequence's file is `<tag>-<i>.safetensors`: a caller that cancels the request can remove what was handed
-        over to it anyway (raypipe.serve.transport.release_request)."""
+        """States [T, len(layer_ids), H] per sequence, in the engine's dtype: a `StateFile` handed to `owner` (the
+        caller's `process_identity`) when it runs on this node (`node_id`), else a NumPy array (bf16 as uint16) through
+        the object store. The i-th sequence's file is `<tag>-<i>.safetensors`: a caller that cancels the request can
+        remove what was handed over to it anyway (raypipe.serve.transport.release_request)."""
         validate_batch(batch, **self.limits)
         start = time.perf_counter()
         self.requests += 1
         paths = await self._paths(batch, tag or uuid.uuid4().hex)
-        owner = owner_pid if node_id == self.node_id else None
+        owner = owner if node_id == self.node_id else None
         delivery = asyncio.ensure_future(asyncio.to_thread(_deliver, paths, batch, owner))
         try:
             states = await asyncio.shield(delivery)

@@ -7,12 +7,15 @@ them. Ray ends the processes of a worker killed hard once its raylet notices,
 but nothing does after `ray stop --force` or when the raylet itself died: they
 keep running, re-parented, holding memory, cores or GPUs. So the owner
 records what the engine's start left running, pid and start time, in
-`<node registry>/<owner pid>.json` (shared memory, one registry per node and
-user); it ends them itself when it closes the engine, and whoever starts an
-engine next on that node, or a live replica every minute, ends those whose
-owner is gone. A process is ended only when both its pid and its start time
-match the record, so a reused pid is never taken for an engine, and no process
-is ever found by its name.
+`<node registry>/<owner pid>.<pid namespace>.json` (shared memory, one registry
+per node and user); it ends them itself when it closes the engine, and whoever
+starts an engine next on that node, or a live replica every minute, ends those
+whose owner is gone. A process is ended only when both its pid and its start
+time match the record, so a reused pid is never taken for an engine, and no
+process is ever found by its name. Pids mean something only in their own pid
+namespace, and containers sharing /dev/shm may each have their own: a record
+is judged only in the namespace that wrote it (others' are passed over), and
+one that names none (written before records named one) is no record here.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 
 import psutil
 
-from raypipe.serve.transport import memory_dir
+from raypipe.serve.transport import memory_dir, pid_namespace
 
 REGISTRY = "raypipe-engines"
 GRACE_S = 10.0  # SIGTERM first: vLLM's engine core shuts down cleanly on it; SIGKILL after this
@@ -130,6 +133,7 @@ def _is_record(doc: Any) -> bool:
     return (
         isinstance(doc, dict)
         and process(doc.get("owner"))
+        and isinstance(doc.get("namespace"), int)
         and isinstance(doc.get("engines"), list)
         and all(map(process, doc["engines"]))
     )
@@ -189,7 +193,7 @@ def engine_processes(root: str | None = None) -> Iterator[EngineProcesses]:
     reap_orphans(root)
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
-    engine = EngineProcesses(_trusted_registry(root) / f"{me.pid}.json")
+    engine = EngineProcesses(_trusted_registry(root) / f"{me.pid}.{pid_namespace()}.json")
     started = False
     try:
         yield engine
@@ -199,7 +203,7 @@ def engine_processes(root: str | None = None) -> Iterator[EngineProcesses]:
         if engine.processes:
             doc = _read(engine.path)
             if doc is None or doc["owner"] != _record(me):  # none yet, or a dead process's that had this pid
-                doc = {"owner": _record(me), "engines": []}
+                doc = {"owner": _record(me), "namespace": pid_namespace(), "engines": []}
             doc["engines"] += engine.processes
             _write(engine.path, doc)
         if not started:
@@ -207,11 +211,13 @@ def engine_processes(root: str | None = None) -> Iterator[EngineProcesses]:
 
 
 def reap_orphans(root: str | None = None, grace_s: float = GRACE_S) -> list[int]:
-    """End the recorded engine processes whose owner is gone on this node; returns their pids."""
+    """End the recorded engine processes of this pid namespace whose owner is gone on this node; returns their
+    pids."""
     ended: list[int] = []
     for path in sorted(_trusted_registry(root).glob("*.json")):
         doc = _read(path)
-        if doc is None or _running(doc["owner"]) is not None:  # not a record (left for a person to see), or live
+        # Not a record (left for a person to see), another namespace's (its pids name other processes here), or live.
+        if doc is None or doc["namespace"] != pid_namespace() or _running(doc["owner"]) is not None:
             continue
         ended += end_processes(doc["engines"], grace_s)
         path.unlink(missing_ok=True)

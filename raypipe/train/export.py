@@ -8,11 +8,16 @@ export, naming each field and its fix. The export is written whole into a
 temporary sibling directory, `export.json` last (provenance, the contract and
 the vLLM command), and only then put in place of the previous export: a
 failed export leaves the previous one as it was, and a complete export is one
-whose `export.json` exists.
+whose `export.json` exists. On a local filesystem the two directories are
+exchanged in one step, so the path holds the previous export or the new one
+at every instant, a process killed midway included.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import os
 import uuid
 from typing import Any
 
@@ -21,13 +26,14 @@ from fsspec.implementations.local import LocalFileSystem
 from raypipe.config import RaypipeConfig
 from raypipe.layout import RunFolders
 from raypipe.serve.vllm_args import engine_args, serve_command
-from raypipe.storage import Storage, absolute
+from raypipe.storage import Storage, absolute, sync_directory
 from raypipe.target import resolve_model, resolve_target
 from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
 from raypipe.train.contract import Contract, TargetFacts, check_drafter
 from raypipe.train.launcher import best_checkpoint
 
 DONE = "export.json"
+AT_FDCWD, RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
 
 
 def export_drafter(cfg: RaypipeConfig, output: str | None = None) -> dict[str, Any]:
@@ -88,20 +94,41 @@ def check_export(directory: Storage, target: str | None = None) -> Contract:
     )
 
 
+def _exchange(a: str, b: str) -> bool:
+    """Swap two local paths in one step (Linux's renameat2 with RENAME_EXCHANGE); False where the C library or the
+    filesystem cannot (NFS, for one)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return False
+    if renameat2(AT_FDCWD, os.fsencode(a), AT_FDCWD, os.fsencode(b), RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), a, None, b)
+
+
 def _replace(staging: Storage, out: Storage, files: list[str]) -> None:
-    """Put the complete `staging` export in place of `out`: a directory rename on a local filesystem; on object stores
-    (no rename) file by file after the old `export.json` is gone, the new one last, so a mix of two exports never
-    reads as complete."""
+    """Put the complete `staging` export in place of `out`. On a local filesystem the two directories are exchanged
+    in one step, and `staging` holds the previous export then (its caller removes it); where the filesystem cannot
+    exchange, the previous export is renamed aside first, and a kill between the two renames leaves it beside the
+    path (`<path>.old-<id>`). On object stores (no rename) file by file after the old `export.json` is gone, the new
+    one last, so a mix of two exports never reads as complete."""
     fs = out.fs
     local = isinstance(fs, LocalFileSystem)
     old = f"{out.root}.old-{uuid.uuid4().hex}"
     out.refresh()
-    if fs.exists(out.root):
+    exists = fs.exists(out.root)
+    if local and exists and _exchange(staging.root, out.root):
+        sync_directory(os.path.dirname(out.root))  # the names, as Storage.write syncs the files
+        return
+    if exists:
         if not local and fs.exists(out.path(DONE)):
             fs.rm(out.path(DONE))  # from here the old export reads as incomplete
         fs.mv(out.root, old, recursive=True)
     if local:
         fs.mv(staging.root, out.root, recursive=True)
+        sync_directory(os.path.dirname(out.root))
     else:
         for name in [*files, DONE]:
             fs.mv(staging.path(name), out.path(name))

@@ -32,7 +32,6 @@ holding NaN or Inf is never checkpointed (raypipe.train.checkpoint).
 from __future__ import annotations
 
 import itertools
-import os
 import tempfile
 import time
 from collections.abc import Iterator
@@ -48,7 +47,7 @@ from raypipe.config import RaypipeConfig
 from raypipe.console import logger, quiet_console_handlers
 from raypipe.layout import RunFolders
 from raypipe.progress import LINE_EVERY_S, duration
-from raypipe.serve.transport import reclaim_orphans, release_owner
+from raypipe.serve.transport import process_identity, reclaim_orphans, release_owner
 from raypipe.storage import Storage
 from raypipe.target import Target, resolve_target
 from raypipe.train.anchors import anchor_count, install_row_anchors
@@ -324,4 +323,4 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         load_replies(w)
         Trainer(w, plan_epochs(w)).run()
     finally:
-        release_owner(os.getpid())  # states handed over to this worker whose responses never reached it
+        release_owner(process_identity())  # states handed over to this worker whose responses never reached it

@@ -59,7 +59,7 @@ class StateCache:
     def put(self, ids: np.ndarray, states: torch.Tensor) -> None:
         buf = io.BytesIO()
         torch.save(states.to(torch.bfloat16).contiguous(), buf)
-        self.storage.write(self._key(ids), buf.getvalue())
+        self.storage.write(self._key(ids), buf.getvalue(), durable=False)  # one per sequence: no sync each
 
 
 def stream_states(

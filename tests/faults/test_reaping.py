@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from raypipe.serve.reaper import UntrustedRegistry, engine_processes, reap_orphans, registry
+from raypipe.serve.transport import pid_namespace
 from raypipe.serve.vllm_args import ENGINE_ENV
 
 OWNER = textwrap.dedent(
@@ -48,6 +49,11 @@ def _gone(pid: int, timeout_s: float = 30) -> bool:
     return False
 
 
+def _record(root: Path | None, owner: int) -> Path:
+    """The registry's record of owner pid `owner` of this pid namespace."""
+    return registry(str(root) if root else None) / f"{owner}.{pid_namespace()}.json"
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -58,7 +64,7 @@ def _alive(pid: int) -> bool:
 def test_an_owner_killed_hard_leaves_its_engine_running_until_the_next_start_reaps_it(tmp_path: Path) -> None:
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     [child] = map(int, owner.stdout.readline().split())
-    assert json.loads((registry(str(tmp_path)) / f"{owner.pid}.json").read_text())["engines"][0]["pid"] == child
+    assert json.loads(_record(tmp_path, owner.pid).read_text())["engines"][0]["pid"] == child
     assert reap_orphans(str(tmp_path)) == []  # its owner lives: not an orphan
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait()
@@ -76,7 +82,8 @@ def test_a_reused_pid_is_never_taken_for_an_engine(tmp_path: Path) -> None:
     try:
         started = psutil.Process(bystander.pid).create_time()
         dead_owner = {"pid": 2**22 + 1, "started": 1.0}  # beyond pid_max: no such process
-        doc = {"owner": dead_owner, "engines": [{"pid": bystander.pid, "started": started - 5.0}]}
+        engine = {"pid": bystander.pid, "started": started - 5.0}
+        doc = {"owner": dead_owner, "namespace": pid_namespace(), "engines": [engine]}
         registry(str(tmp_path)).mkdir(parents=True)
         (registry(str(tmp_path)) / "1.json").write_text(json.dumps(doc))
         assert reap_orphans(str(tmp_path)) == []
@@ -100,7 +107,7 @@ def test_a_clean_close_ends_its_processes_and_its_record(tmp_path: Path) -> None
     time.sleep(0.5)  # the child ignores SIGTERM from here on: the reaper must escalate to SIGKILL
     assert engine.reap(grace_s=1.0) == [child.pid]
     assert child.wait(timeout=30) == -signal.SIGKILL
-    assert not (registry(str(tmp_path)) / f"{os.getpid()}.json").exists()
+    assert not _record(tmp_path, os.getpid()).exists()
 
 
 def test_a_failed_start_leaves_nothing_running(tmp_path: Path) -> None:
@@ -160,11 +167,11 @@ def test_a_real_vllm_engine_outlives_its_owner_killed_outside_ray_until_the_next
         owner.wait()
     time.sleep(5)
     assert all(_alive(p) for p in cores), "the engine core ended with its owner: nothing here would show the reaping"
-    assert (registry(str(tmp_path)) / f"{owner.pid}.json").exists()
+    assert _record(tmp_path, owner.pid).exists()
     with engine_processes(str(tmp_path)):  # the next engine start on this node
         pass
     assert all(_gone(p) for p in engines)
-    assert not (registry(str(tmp_path)) / f"{owner.pid}.json").exists()
+    assert not _record(tmp_path, owner.pid).exists()
 
 
 def _replaced(handle: object, pid: int, timeout_s: float = 600) -> dict:
@@ -197,7 +204,7 @@ def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_se
         stats = handle.stats.remote().result()
         replica, engines = stats["pid"], stats["engine_pids"]
         assert engines and set(engines) <= {p.pid for p in psutil.Process(replica).children(recursive=True)}
-        assert json.loads((registry() / f"{replica}.json").read_text())["engines"] == [
+        assert json.loads(_record(None, replica).read_text())["engines"] == [
             {"pid": p, "started": psutil.Process(p).create_time()} for p in engines
         ]
         # The canary on demand, twice at once: one reference, in bf16, built on the first call; both runs pass.
@@ -210,13 +217,13 @@ def test_a_killed_replicas_record_is_reaped_by_the_next_replica_and_a_deleted_se
         os.kill(replica, signal.SIGKILL)
         stats = _replaced(handle, replica)
         assert all(_gone(p) for p in engines), "the killed replica's engine core outlived the next replica's start"
-        assert not (registry() / f"{replica}.json").exists()
+        assert not _record(None, replica).exists()
         replacement, engines = stats["pid"], stats["engine_pids"]
         assert engines and all(_alive(p) for p in engines)
     finally:
         serve.delete("reaping_test")
     assert all(_gone(p) for p in engines), "serve.delete left an engine process running"
-    assert not (registry() / f"{replacement}.json").exists()
+    assert not _record(None, replacement).exists()
 
 
 def _start_and_close(root: Path) -> list[int]:
@@ -267,3 +274,22 @@ def test_what_is_not_a_record_is_passed_over_and_a_planted_link_is_never_written
     [child] = _start_and_close(tmp_path)
     assert _gone(child) and victim.read_text() == "the victim's file"
     assert sorted(p.name for p in path.glob("*.json")) == ["1.json", "2.json", "3.json"]  # left for a person to see
+
+
+def test_a_record_of_another_pid_namespace_never_ends_a_process_here(tmp_path: Path) -> None:
+    """Containers that share /dev/shm with pid namespaces of their own share the registry: a record written in one
+    names its pids, and its owner's pid is nobody here while its engine's may be a process here (here: a bystander,
+    start time and all). Such a record ends nothing, and is left for its own namespace to judge."""
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        engine = {"pid": bystander.pid, "started": psutil.Process(bystander.pid).create_time()}
+        other_namespace = pid_namespace() + 1
+        doc = {"owner": {"pid": 2**22 + 1, "started": 1.0}, "namespace": other_namespace, "engines": [engine]}
+        registry(str(tmp_path)).mkdir(parents=True)
+        record = registry(str(tmp_path)) / f"{2**22 + 1}.{other_namespace}.json"
+        record.write_text(json.dumps(doc))
+        assert reap_orphans(str(tmp_path), grace_s=1.0) == []
+        assert bystander.poll() is None and record.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -8,7 +8,6 @@ directory or handed over to the caller), and the replica stays healthy.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -22,7 +21,7 @@ from ray.exceptions import TaskCancelledError
 from ray.serve.exceptions import RequestCancelledError
 
 from raypipe.serve.deployment import HiddenStateService, engine_process_options
-from raypipe.serve.transport import OWNER, as_tensor, release_owner, release_request
+from raypipe.serve.transport import OWNER, as_tensor, process_identity, release_owner, release_request
 from tests.helpers import serve_config
 
 pytestmark = pytest.mark.integration
@@ -43,8 +42,8 @@ def service(ray_cluster: str, tiny_target: str) -> Any:
 def _where(local: bool) -> dict[str, Any]:
     """Ask as a trainer on this node (states handed over as files this process owns) or on another node (arrays)."""
     if local:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
-    return {"node_id": "another-node", "owner_pid": 1}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "owner": process_identity()}
+    return {"node_id": "another-node", "owner": "1.1.1"}
 
 
 def _check_states(batch: list[list[int]], states: list[Any]) -> None:
@@ -72,7 +71,7 @@ def _leftovers(directory: Path, owner: bool = True) -> list[str]:
     return sorted(
         str(p)
         for p in directory.rglob("*")
-        if p.is_file() and (p.parent == directory or owner and p.parent.name == f"{OWNER}{os.getpid()}")
+        if p.is_file() and (p.parent == directory or owner and p.parent.name == f"{OWNER}{process_identity()}")
     )
 
 
@@ -115,7 +114,7 @@ def test_cancelled_requests_hurt_no_other_request_and_leave_no_file(service: Any
     handed = _leftovers(Path(stats["directory"]))
     assert len(handed) <= sum(len(batches[i]) for i in cancelled if outcomes[i] == "cancelled"), handed
     for i in cancelled:
-        release_request(os.getpid(), f"hurt-{i}")
+        release_request(process_identity(), f"hurt-{i}")
     assert not _leftovers(Path(stats["directory"]))
     service.check_health.remote().result(timeout_s=RESULT_TIMEOUT_S)
     _check_states([[1, 2, 3]], service.extract.remote([[1, 2, 3]], **_where(True)).result(timeout_s=RESULT_TIMEOUT_S))
@@ -136,7 +135,7 @@ def test_a_cancelled_request_is_aborted_in_the_engine_and_leaves_no_file(service
     assert stats["aborted"] - before > 0, (outcomes, stats)
     assert stats["in_flight"] == 0 and not left, left
     for i in range(len(batches)):
-        release_request(os.getpid(), f"abort-{i}")
+        release_request(process_identity(), f"abort-{i}")
     assert not _leftovers(Path(stats["directory"]))
     _check_states([[1, 2, 3]], service.extract.remote([[1, 2, 3]], **_where(True)).result(timeout_s=RESULT_TIMEOUT_S))
 
@@ -189,7 +188,7 @@ def test_soak_several_clients_cancelling_at_random_no_request_hangs_and_the_repl
     # As above: late cancels leave their handed-over files in this process's owner folder, up to 3 per request.
     owned = _leftovers(Path(stats["directory"]))
     assert len(owned) <= 3 * outcomes["cancelled"], owned
-    release_owner(os.getpid())
+    release_owner(process_identity())
     assert stats["requests"] - before >= outcomes["served"]
     service.check_health.remote().result(timeout_s=RESULT_TIMEOUT_S)
     batch = [list(range(5, 45))]

@@ -4,7 +4,6 @@ a cancelled request was handed anyway left until the trainer exits)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from ray.exceptions import GetTimeoutError
 
 from raypipe.serve import client as client_module
 from raypipe.serve.client import HiddenStateClient
-from raypipe.serve.transport import OWNER, PREFIX, release_request
+from raypipe.serve.transport import OWNER, PREFIX, process_identity, release_request
 
 
 class Response:
@@ -81,11 +80,12 @@ def test_two_clients_that_failed_together_do_not_retry_together(monkeypatch: pyt
 
 
 def test_release_request_removes_only_that_requests_files_handed_to_that_trainer(tmp_path: Path) -> None:
-    mine, other = tmp_path / f"{PREFIX}7-a" / f"{OWNER}{os.getpid()}", tmp_path / f"{PREFIX}7-a" / f"{OWNER}1"
+    me = process_identity()
+    mine, other = tmp_path / f"{PREFIX}7-a" / f"{OWNER}{me}", tmp_path / f"{PREFIX}7-a" / f"{OWNER}1.2.3"
     for folder in (mine, other):
         folder.mkdir(parents=True)
         for name in ("cancelled-0", "cancelled-1", "served-0"):
             (folder / f"{name}.safetensors").write_bytes(b"x")
-    assert release_request(os.getpid(), "cancelled", root=str(tmp_path)) == 2
+    assert release_request(me, "cancelled", root=str(tmp_path)) == 2
     assert sorted(p.name for p in mine.iterdir()) == ["served-0.safetensors"]
     assert len(list(other.iterdir())) == 3

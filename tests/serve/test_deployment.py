@@ -1,7 +1,6 @@
 """The service as a real Ray Serve deployment on a local cluster."""
 
 import concurrent.futures
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,7 @@ from ray import serve
 from raypipe.serve.deployment import HiddenStateService, engine_process_options
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
-from raypipe.serve.transport import StateFile, as_tensor
+from raypipe.serve.transport import StateFile, as_tensor, process_identity
 from tests.helpers import scrape_metrics, serve_config
 
 pytestmark = pytest.mark.integration
@@ -34,12 +33,12 @@ def test_states_through_serve_equal_the_engine_on_both_paths(service, tiny_targe
     """From this node the states come as files this process owns; a caller elsewhere gets arrays. No tensor is
     pickled."""
     reference = TransformersEngine(tiny_target, tuple(LAYERS))
-    where = {"node_id": ray.get_runtime_context().get_node_id(), "owner_pid": os.getpid()}
+    where = {"node_id": ray.get_runtime_context().get_node_id(), "owner": process_identity()}
     batches = [[list(range(100 + i, 120 + 3 * i))] for i in range(12)]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         here = list(pool.map(lambda b: service.extract.remote(b, **where).result(), batches))
         elsewhere = list(
-            pool.map(lambda b: service.extract.remote(b, node_id="another-node", owner_pid=1).result(), batches)
+            pool.map(lambda b: service.extract.remote(b, node_id="another-node", owner="1.1.1").result(), batches)
         )
     for batch, local, remote in zip(batches, here, elsewhere):
         [expected] = reference.extract(batch)
