@@ -71,9 +71,10 @@ def main() -> None:
             build_s = round(time.perf_counter() - build_start)
     proc.wait()
     wall = time.perf_counter() - start
-    doc = json.loads((runs / "train/eval/eval.json").read_text())
+    doc = json.loads((runs / "train" / "eval" / args.recipe / "eval.json").read_text())
     stages = {
-        p.stem: round(json.loads(p.read_text())["seconds"]) for p in sorted((runs / "train/pipeline").glob("*.json"))
+        p.stem: round(json.loads(p.read_text())["seconds"])
+        for p in sorted((runs / "train" / "pipeline" / args.recipe).glob("*.json"))
     }
     figures = [
         figure(

@@ -87,7 +87,7 @@ def plain_loop(cfg, steps: int) -> list[dict]:
     model = build_drafter(target, tc, None)
     install_row_anchors(model, tc.objective.max_anchors)
     state = TrainState.create(model, model, tc, torch.device("cpu"), steps)  # one process: the drafter unwrapped
-    cache = StateCache(Storage(tc.states.cache, {}), cfg.serve.model, list(target.layer_ids))
+    cache = StateCache(Storage(tc.states.cache, {}), cfg.serve, list(target.layer_ids))
     dtype = precision(torch.device("cpu"))[1]
     packs = [[rows.row(int(i)) for i in plan.packs[s]] for s in range(steps)]
     torch.manual_seed(tc.schedule.seed * 1_000_003)

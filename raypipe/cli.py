@@ -204,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--recipe", required=True, help=f"Recipe name ({', '.join(recipe_names)}) or a YAML file.")
         if name == "export":
             command.add_argument(
-                "--output", default=None, help="Export directory or URL; default: {train.output}/drafter."
+                "--output", default=None, help="Export directory or URL; default: {train.output}/drafter/{name}."
             )
         command.add_argument(
             "--verbose",
@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         "token, target layers, non-causal draft blocks, hidden size, draft vocabulary) before `vllm serve`: a "
         "pass/fail table, each mismatch with its fix; exit status 1 on a mismatch.",
     )
-    check.add_argument("directory", help="The drafter directory ({train.output}/drafter), local or a URL.")
+    check.add_argument("directory", help="The drafter directory ({train.output}/drafter/{name}), local or a URL.")
     check.add_argument(
         "--target",
         default=None,

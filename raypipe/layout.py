@@ -1,21 +1,25 @@
 """A run's folders under `train.output`, named in one place.
 
     {train.output}/
-      pipeline/{stage}.json  completion records of the one-job pipeline (raypipe.pipeline)
+      pipeline/{name}/{stage}.json
+                             completion records of the one-job pipeline (raypipe.pipeline)
       replies/               on-policy replies of needs_response rows (raypipe.train.replies)
-      vocab/                 the draft vocabulary's mapping, with train.drafter.draft_vocab_size
+      vocab/{name}/          the draft vocabulary's mapping, with train.drafter.draft_vocab_size
                              (raypipe.train.vocab)
       ray_train/{name}/      Ray Train's run: its state and checkpoints (raypipe.train.launcher)
       ledger/{name}/         what each rank trained, and the training curve (raypipe.train.ledger)
       tensorboard/{name}/    TensorBoard's event files, with `train.run.trackers: [tensorboard]`
                              (raypipe.train.trackers)
       mlflow/, wandb/        MLflow's file store and W&B's offline runs, when their trackers write locally
-      drafter/               the exported drafter (raypipe.train.export)
-      eval/                  eval.json and plots, unless `eval.output` is set (raypipe.eval.evaluate)
+      drafter/{name}/        the exported drafter (raypipe.train.export)
+      eval/{name}/           eval.json and plots, unless `eval.output` is set (raypipe.eval.evaluate)
       logs/{name}/           the libraries' logs, one file per process (raypipe.console), where train.output is
                              local; else a local folder of each node (`log_dir`)
 
-The prepared data (`data.output`, raypipe.data.output) and the state cache
+What a run produces is kept under its name (`name`); runs of several names share
+only the on-policy replies, which depend on the data, the target and the reply
+settings (recorded in replies/meta.json, which refuses others). The prepared data
+(`data.output`, raypipe.data.output) and the state cache
 (`train.states.cache`, raypipe.train.states) have settings of their own. A local
 `train.output` is made absolute: Ray Train runs each worker in its own
 working directory.
@@ -42,7 +46,7 @@ class RunFolders:
 
     @property
     def stages(self) -> Storage:
-        return self.root.child("pipeline")
+        return self.root.child(f"pipeline/{self.name}")
 
     @property
     def replies(self) -> Storage:
@@ -50,7 +54,7 @@ class RunFolders:
 
     @property
     def vocab(self) -> Storage:
-        return self.root.child("vocab")
+        return self.root.child(f"vocab/{self.name}")
 
     @property
     def ray_train(self) -> Storage:
@@ -71,15 +75,15 @@ class RunFolders:
 
     @property
     def export(self) -> Storage:
-        return self.root.child("drafter")
+        return self.root.child(f"drafter/{self.name}")
 
     @property
     def eval(self) -> Storage:
-        return self.root.child("eval")
+        return self.root.child(f"eval/{self.name}")
 
 
 def eval_output(cfg: RaypipeConfig) -> Storage:
-    """Where the evaluation writes: `eval.output`, else the run's eval/."""
+    """Where the evaluation writes: `eval.output`, else the run's eval/{name}/."""
     if cfg.eval.output:
         return Storage(absolute(cfg.eval.output), cfg.train.storage_options)
     return RunFolders.of(cfg).eval

@@ -1,21 +1,26 @@
 """The whole run as one job: prepare -> replies -> hidden-state service + train -> export -> evaluate.
 
-Each stage records its completion in `{train.output}/pipeline/{stage}.json`
-with a fingerprint of what its output depends on, so a re-submitted job skips
-the stages already done for the same inputs and resumes the interrupted one
-(the data stage skips completed shards, Ray Train restores the run from its
-last checkpoint). Fingerprints come from content and chain stage to stage:
-prepare's covers the data config, the tokenizer, the template's text, each
-input file's size plus ETag or mtime and the raypipe version; train's covers
-the digest of the manifest prepare wrote (every shard's checksum) and the
-train and serve config; replies' covers the manifest's digest and what the
-replies are made with (the target, the reply settings); export's is train's,
-and eval's chains on it. Each stage returns a typed result (`Prepared`,
-`Replied`, `Trained`, `Exported`, `Evaluated`), recorded as its summary. A change
-re-runs the stages it affects; where the old output cannot be reused safely,
-the stage refuses with a message instead (a changed input under the same
-data.output, a changed train config under the same run name). Credentials in
-storage_options are redacted before hashing, so rotating one re-runs nothing.
+Each stage records its completion in `{train.output}/pipeline/{name}/{stage}.json`
+(per run name) with a fingerprint of what its output depends on, so a
+re-submitted job skips the stages already done for the same inputs and resumes
+the interrupted one (the data stage skips completed shards, Ray Train restores
+the run from its last checkpoint). Fingerprints come from content and chain
+stage to stage: prepare's covers the data config, the tokenizer, the template's
+text, each input file's size plus ETag or mtime and the raypipe version;
+train's covers the digest of the manifest prepare wrote (every shard's
+checksum), the train and serve config, the target's digest
+(raypipe.target.target_digest: its weights, updated in place or not) and the
+raypipe version; replies' covers the manifest's digest and what the replies are
+made with (the target and its digest, the reply settings); export's is train's,
+and eval's chains on it with the eval config, the content of the prompts it
+reads and the raypipe version. Each stage returns a typed result (`Prepared`,
+`Replied`, `Trained`, `Exported`, `Evaluated`), recorded as its summary. A
+change re-runs the stages it affects; where the old output cannot be reused
+safely, the stage refuses with a message instead (a changed input under the
+same data.output, a changed train config or target under the same run name). A
+record of another shape (an older raypipe's fingerprint) matches nothing: its
+stage runs again, resuming what it finds done. Credentials in storage_options
+are redacted before hashing, so rotating one re-runs nothing.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+import raypipe
 from raypipe.config import DataConfig, RaypipeConfig, fingerprint, trained_settings
 from raypipe.console import logger
 from raypipe.layout import RunFolders
+from raypipe.target import target_digest
 
 
 def prepare_fingerprint(cfg: DataConfig) -> str:
@@ -41,24 +48,42 @@ def prepare_fingerprint(cfg: DataConfig) -> str:
     return fingerprint({"data": cfg.public_dump(), "dependencies": dependencies(cfg, spec)})
 
 
-def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
-    """The prepared data by content (the manifest's digest covers every shard's checksum) and what the drafter is
-    trained on and with (raypipe.config.trained_settings, as the resume check compares). How the run executes
-    (workers, resources, intervals, where states come from) changes no drafter, so it re-runs nothing."""
-    return fingerprint({"manifest_sha256": manifest_sha256, **trained_settings(cfg.public_dump())})
+def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str, target: str) -> str:
+    """The prepared data by content (the manifest's digest covers every shard's checksum), what the drafter is
+    trained on and with (raypipe.config.trained_settings, as the resume check compares), the target's digest
+    (`target`, raypipe.target.target_digest) and the raypipe version that trains. How the run executes (workers,
+    resources, intervals, where states come from) changes no drafter, so it re-runs nothing."""
+    return fingerprint(
+        {
+            "manifest_sha256": manifest_sha256,
+            "target_digest": target,
+            "raypipe_version": raypipe.__version__,
+            **trained_settings(cfg.public_dump()),
+        }
+    )
 
 
-def replies_fingerprint(cfg: RaypipeConfig, manifest_sha256: str) -> str:
-    """The prepared data by content and what the replies are made with: the target (serve's content) and
-    `train.replies`."""
+def replies_fingerprint(cfg: RaypipeConfig, manifest_sha256: str, target: str) -> str:
+    """The prepared data by content and what the replies are made with: the target (serve's content and the target's
+    digest, `target`) and `train.replies`."""
     settings = trained_settings(cfg.public_dump())
     made_with = {k: v for k, v in settings.items() if k.startswith(("serve.", "train.replies."))}
-    return fingerprint({"manifest_sha256": manifest_sha256, **made_with})
+    return fingerprint({"manifest_sha256": manifest_sha256, "target_digest": target, **made_with})
 
 
 def eval_fingerprint(cfg: RaypipeConfig, trained: str) -> str:
-    """The trained (and exported) drafter's fingerprint and the eval config."""
-    return fingerprint({"train": trained, "eval": cfg.eval.public_dump()})
+    """The trained (and exported) drafter's fingerprint, the eval config, the content of the prompts it reads
+    (`eval.prompts` names a file, which may change in place) and the raypipe version that measures."""
+    from raypipe.eval.prompts import prompts_digest
+
+    return fingerprint(
+        {
+            "train": trained,
+            "eval": cfg.eval.public_dump(),
+            "prompts": prompts_digest(cfg),
+            "raypipe_version": raypipe.__version__,
+        }
+    )
 
 
 class StageLog:
@@ -77,6 +102,11 @@ class StageLog:
 
         return PreparedOutput.of(self.cfg.data).manifest_sha256()
 
+    @functools.cached_property
+    def target_digest(self) -> str:
+        """The target's digest, computed once: replies' and train's fingerprints cover it."""
+        return target_digest(self.cfg.serve)
+
     def fingerprint(self, stage: str) -> str:
         """Computed when first asked, in stage order: replies' and train's hash the manifest the prepare stage wrote."""
         if stage not in self._fingerprints:
@@ -84,9 +114,9 @@ class StageLog:
             if stage == "prepare":
                 fingerprint = prepare_fingerprint(cfg.data)
             elif stage == "replies":
-                fingerprint = replies_fingerprint(cfg, self.manifest_sha256)
+                fingerprint = replies_fingerprint(cfg, self.manifest_sha256, self.target_digest)
             elif stage == "train":
-                fingerprint = train_fingerprint(cfg, self.manifest_sha256)
+                fingerprint = train_fingerprint(cfg, self.manifest_sha256, self.target_digest)
             elif stage == "export":
                 fingerprint = self.fingerprint("train")
             else:

@@ -10,11 +10,14 @@ with full-attention layers; vLLM must run them without prefix caching
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raypipe.assets import TOKENIZER_DIR
+from raypipe.config.base import fingerprint
 
 if TYPE_CHECKING:
     from raypipe.config import ServeConfig
@@ -52,6 +55,94 @@ def resolve_model(model: str, key: str = "serve.model") -> str:
     from raypipe.assets.tiny_target import build_tiny_target
 
     return str(build_tiny_target(directory, arch="qwen36" if model == "builtin:tiny_qwen36" else "qwen3"))
+
+
+def _builtin_stamp(model: str) -> dict[str, Any]:
+    """What a builtin target is built from, as its builder stamps it (a change of the builder bumps its version)."""
+    from raypipe.assets.demo_target import DEMO_TARGET_VERSION
+    from raypipe.assets.tiny_target import TINY_TARGET_VERSION
+
+    name = model.split(":", 1)[1]
+    version = DEMO_TARGET_VERSION if name.startswith("demo") else TINY_TARGET_VERSION
+    return {"builtin": model, "version": version, "seed": 0, "arch": "qwen36" if name.endswith("qwen36") else "qwen3"}
+
+
+# A local target's files read whole up to this size (configs, tokenizers); larger ones are sampled.
+_WHOLE_FILE_BYTES = 64 << 20
+_SAMPLE_BYTES = 64
+_DOCUMENTATION = (".md", ".png", ".jpg", ".jpeg", ".gif", ".svg", ".pdf")
+
+
+def _sampled(path: Path, spans: list[tuple[int, int]]) -> str:
+    """sha256 of `_SAMPLE_BYTES` at the start, middle and end of each (start, end) byte span of the file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for start, end in spans:
+            for at in sorted({start, max(start, (start + end - _SAMPLE_BYTES) // 2), max(start, end - _SAMPLE_BYTES)}):
+                f.seek(at)
+                digest.update(f.read(min(_SAMPLE_BYTES, end - at)))
+    return digest.hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    size = path.stat().st_size
+    if path.suffix == ".safetensors":  # the header (names, dtypes, shapes, offsets), then samples of every tensor
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= size - 8:
+                raise ValueError(f"serve.model: {path} is not a safetensors file (its header length is {length})")
+            header = f.read(length)
+        tensors = [t for name, t in sorted(json.loads(header).items()) if name != "__metadata__"]
+        spans = [(8 + length + t["data_offsets"][0], 8 + length + t["data_offsets"][1]) for t in tensors]
+        return hashlib.sha256(header).hexdigest() + _sampled(path, spans)
+    if size <= _WHOLE_FILE_BYTES:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    return f"{size}:{_sampled(path, [(i * size // 16, (i + 1) * size // 16) for i in range(16)])}"
+
+
+def _directory_files(directory: Path) -> dict[str, str]:
+    """Each file of a model directory, by relative path, but hidden ones (huggingface_hub's download metadata) and
+    documentation."""
+    files = (
+        p
+        for p in directory.rglob("*")
+        if p.is_file()
+        and not any(part.startswith(".") for part in p.relative_to(directory).parts)
+        and p.suffix.lower() not in _DOCUMENTATION
+    )
+    return {p.relative_to(directory).as_posix(): _file_digest(p) for p in sorted(files)}
+
+
+def _hub_commit(model: str, revision: str | None) -> dict[str, Any]:
+    """The commit a hub id resolves to (the branch or tag `revision`, default main), where transformers finds its
+    config.json (the Hugging Face cache's snapshots/{commit}/; fetched unless offline), and that config's text."""
+    from transformers.utils.hub import cached_file, extract_commit_hash
+
+    config = cached_file(model, "config.json", revision=revision)
+    commit = extract_commit_hash(config, None)
+    if commit is None:
+        raise ValueError(
+            f"serve.model: {model}'s config.json resolved to {config}, outside a Hugging Face cache's snapshots/, so "
+            "its revision is unknown; give serve.model as a local directory instead"
+        )
+    return {"hub": model, "commit": commit, "config": Path(config).read_text()}
+
+
+def target_digest(cfg: ServeConfig) -> str:
+    """A digest of what determines the served target's weights, so that a target updated under the same
+    `serve.model` re-runs what depends on it (the pipeline's fingerprints, the resume check, the state cache and the
+    replies' meta): a builtin's builder stamp (nothing is built); a hub id's commit (the revision vLLM gets,
+    `serve.engine_kwargs.revision`, else main) and config; a local directory's files: configs and tokenizers whole,
+    safetensors by their header and samples of every tensor, other large files by their size and samples.
+
+    The weights are not hashed whole: a 27B target's 54 GB would take minutes of reading on every node at every
+    check. A retrained or updated model changes every tensor it touches, which the samples see; nothing depends on
+    modification times, so copies of the same weights on several nodes (or copied again) agree."""
+    if cfg.model in BUILTIN_TARGETS:
+        return fingerprint(_builtin_stamp(cfg.model))
+    if Path(cfg.model).is_dir():
+        return fingerprint({"files": _directory_files(Path(cfg.model))})
+    return fingerprint(_hub_commit(cfg.model, (cfg.engine_kwargs or {}).get("revision")))
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,33 @@ def prepare_records(tmp_path: Any, records: list[Any], **overrides: Any) -> Any:
     import json
 
     return prepare_lines(tmp_path, [json.dumps(r).encode() for r in records], **overrides)
+
+
+def local_target(root: Any, scale: float = 1.0) -> Any:
+    """A model directory as a target's digest reads it: config.json, safetensors weights (`scale` times a fixed
+    pattern: another scale is a retrained model of the same shapes) and a README; returns its path."""
+    import json
+    from pathlib import Path
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"], "torch_dtype": "bfloat16"}))
+    weights = {"embed.weight": np.arange(256, dtype=np.float32).reshape(32, 8), "norm.weight": np.ones(8, np.float32)}
+    save_file({k: v * scale for k, v in weights.items()}, str(root / "model.safetensors"))
+    (root / "README.md").write_text("a model card\n")
+    return root
+
+
+def hub_snapshot(cache: Any, repo: str, commit: str, ref: str = "main") -> None:
+    """`repo` at `commit` in a Hugging Face cache at `cache` (config.json only), with `ref` pointing at it."""
+    import json
+    from pathlib import Path
+
+    folder = Path(cache) / f"models--{repo.replace('/', '--')}"
+    (folder / "snapshots" / commit).mkdir(parents=True, exist_ok=True)
+    (folder / "snapshots" / commit / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"]}))
+    (folder / "refs").mkdir(exist_ok=True)
+    (folder / "refs" / ref).write_text(commit)

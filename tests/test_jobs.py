@@ -192,15 +192,15 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     # Outputs: rejects explained, every stage recorded, the drafter accepted in vLLM.
     manifest = json.loads((out / "prepared" / "manifest.json").read_text())
     assert manifest["counts"]["rows_rejected"] == 3 and sum(manifest["rejects_by_code"].values()) == 3
-    assert sorted(p.stem for p in (out / "train" / "pipeline").glob("*.json")) == [
+    assert sorted(p.stem for p in (out / "train" / "pipeline" / "demo").glob("*.json")) == [
         "eval",
         "export",
         "prepare",
         "replies",
         "train",
     ]
-    assert (out / "train" / "drafter" / "export.json").is_file()
-    check_demo_evaluation(json.loads((out / "train" / "eval" / "eval.json").read_text()))
+    assert (out / "train" / "drafter" / "demo" / "export.json").is_file()
+    check_demo_evaluation(json.loads((out / "train" / "eval" / "demo" / "eval.json").read_text()))
     # The service and the trainers share this node: states came as files (epoch 1), then from the cache, none via Ray.
     curve = read_training_curve(RunFolders(Storage(str(out / "train"), {}), "demo").ledger)
     came = {k: sum(s[k] for s in curve) for k in ("states_file", "states_array", "states_cache")}

@@ -241,7 +241,7 @@ def test_the_production_recipe_at_tiny_scale_on_rows_at_the_length_limit(
     assert drafter.read_json("export.json")["contract"]["verdict"] == "ok"  # what it trained with is what vLLM applies
 
     # Evaluation: vLLM drafted with the exported drafter at the recipe's block size, on the recipe's temperatures.
-    doc = json.loads(s3.cat_file(f"{bucket}/raypipe/{recipe}/train/eval/eval.json"))
+    doc = json.loads(s3.cat_file(f"{bucket}/raypipe/{recipe}/train/eval/{cfg.name}/eval.json"))
     print(json.dumps({k: doc[k] for k in ("tau", "tau_method", "vllm_refused_drafter")}, indent=1))
     assert done["eval"].tau == doc["tau"] and doc["tau_method"] == "vllm", doc["vllm_refused_drafter"]
     assert [g["temperature"] for g in doc["vllm"]] == cfg.eval.temperatures

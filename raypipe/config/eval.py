@@ -36,7 +36,8 @@ class EvalConfig(_Strict):
         "disagreement.",
     )
     output: str | None = Field(
-        default=None, description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval."
+        default=None,
+        description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval/{name}.",
     )
 
     @field_validator("concurrency")

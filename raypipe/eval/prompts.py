@@ -15,7 +15,7 @@ import json
 
 import fsspec
 
-from raypipe.config import RaypipeConfig
+from raypipe.config import RaypipeConfig, fingerprint
 from raypipe.data.formats import Reject, normalize
 from raypipe.data.tokenizer import resolve_tokenizer
 
@@ -38,6 +38,13 @@ def read_prompt_rows(url: str, count: int, storage_options: dict) -> list[tuple[
                     if len(rows) == count:
                         return rows
     return rows
+
+
+def prompts_digest(cfg: RaypipeConfig) -> str:
+    """A digest of the rows the evaluation reads (the first eval.num_prompts), by content: a prompts file rewritten in
+    place re-runs the evaluation, a row past those it reads does not."""
+    rows = read_prompt_rows(cfg.eval.prompts, cfg.eval.num_prompts, cfg.data.storage_options)
+    return fingerprint([record for _, record in rows])
 
 
 UNCATEGORIZED = "uncategorized"

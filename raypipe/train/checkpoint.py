@@ -6,7 +6,7 @@ A checkpoint directory (uploaded by Ray Train to the run's storage):
   scheduler.pt           LR scheduler state
   training_state.json    epoch, global step and data cursor (packs of the epoch consumed)
   config.json            the resolved run config, credentials redacted
-  provenance.json        raypipe version, target, data manifest hash, library versions
+  provenance.json        raypipe version, target and its digest, data manifest hash, library versions
 
 The files are the parts of a TrainState's state_dict (raypipe.train.step):
 full state dicts gathered with torch.distributed.checkpoint's state-dict API

@@ -13,8 +13,10 @@ since the previous checkpoint (raypipe.train.loop): Ray Train keeps the
 resumes from; export takes the best (`best_checkpoint`).
 
 A run is resumed or exported only under what its checkpoints were trained
-with: the same prepared data (the manifest's digest) and the same train
-config but for how it is executed (workers, resources, intervals, service).
+with: the same prepared data (the manifest's digest), the same target (its
+digest: weights updated in place under the same serve.model count) and the
+same train config but for how it is executed (workers, resources, intervals,
+service).
 Anything else is refused with a message naming the differences: Ray Train
 restores a run by name, and a silent resume would pass another config's state
 off as this one's.
@@ -32,7 +34,7 @@ from raypipe.data.output import PreparedOutput
 from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
-from raypipe.target import resolve_target
+from raypipe.target import resolve_target, target_digest
 from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
 from raypipe.train.loop import train_worker
 from raypipe.train.replies import open_rows
@@ -72,17 +74,28 @@ def _recorded(cfg: RaypipeConfig) -> tuple[Storage, Any]:
     return storage, result
 
 
-def trained_with(config: dict[str, Any], manifest_sha256: str) -> dict[str, Any]:
-    """What a checkpoint is the state of, by dotted key: the prepared data and the content fields
+def trained_with(config: dict[str, Any], provenance: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint is the state of, by dotted key: the prepared data and the target's digest (from its
+    provenance; a checkpoint of an older raypipe has none, so its target is unknown) and the content fields
     (raypipe.config.trained_settings); execution fields may change on a resume."""
-    return {"data manifest sha256": manifest_sha256, **trained_settings(config)}
+    return {
+        "data manifest sha256": provenance["data_manifest_sha256"],
+        "target digest": provenance.get("target_digest"),
+        **trained_settings(config),
+    }
 
 
 def _refuse_other_settings(cfg: RaypipeConfig, storage: Storage, result: Any) -> None:
     """A ValueError naming the differences when the run's latest checkpoint was trained with other settings or data."""
     latest = _checkpoint_at(storage, result.checkpoint)
-    saved = trained_with(latest.read_json(CONFIG_FILE), latest.read_json(PROVENANCE_FILE)["data_manifest_sha256"])
-    now = trained_with(cfg.public_dump(), PreparedOutput.of(cfg.data).manifest_sha256())
+    saved = trained_with(latest.read_json(CONFIG_FILE), latest.read_json(PROVENANCE_FILE))
+    now = trained_with(
+        cfg.public_dump(),
+        {
+            "data_manifest_sha256": PreparedOutput.of(cfg.data).manifest_sha256(),
+            "target_digest": target_digest(cfg.serve),
+        },
+    )
     changed = [
         f"{k}: {saved.get(k)!r} there, {now.get(k)!r} now"
         for k in sorted(saved.keys() | now.keys())

@@ -49,7 +49,7 @@ from raypipe.layout import RunFolders
 from raypipe.progress import LINE_EVERY_S, duration
 from raypipe.serve.transport import process_identity, reclaim_orphans, release_owner
 from raypipe.storage import Storage
-from raypipe.target import Target, resolve_target
+from raypipe.target import Target, resolve_target, target_digest
 from raypipe.train.anchors import anchor_count, install_row_anchors
 from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.checkpoint import load_checkpoint, read_progress, save_checkpoint
@@ -161,6 +161,7 @@ class Trainer:
         self.provenance = {
             "raypipe_version": __version__,
             "target": w.cfg.serve.model,
+            "target_digest": target_digest(w.cfg.serve),  # the resume check compares it (raypipe.train.launcher)
             "target_path": w.target.path,
             "layer_ids": list(w.target.layer_ids),
             "data_manifest_sha256": w.rows.manifest_sha256,
@@ -169,7 +170,7 @@ class Trainer:
             "torch_threads": torch.get_num_threads(),
         }
         self.cache = (
-            StateCache(Storage(tc.states.cache, tc.storage_options), w.cfg.serve.model, list(w.target.layer_ids))
+            StateCache(Storage(tc.states.cache, tc.storage_options), w.cfg.serve, list(w.target.layer_ids))
             if tc.states.cache
             else None
         )

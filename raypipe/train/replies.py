@@ -8,8 +8,9 @@ vLLM's offline engine: continuous batching over `train.run.reply_max_sequences`
 sequences at once, no hidden-state extraction, stopping at the end-of-turn
 token the data stage recorded. A shard's replies are written atomically, keyed
 by row position (raypipe.train.rows), so the pass resumes shard by shard.
-`replies/meta.json` records the target, the data manifest, the sampling and
-the thinking setting; replies made otherwise are refused, not mixed in.
+`replies/meta.json` records the target (its name, digest and dtype), the data
+manifest, the sampling and the thinking setting; replies made otherwise are
+refused, not mixed in.
 
 The driver alone hands out shards: one at a time to an idle engine, each
 shard once, so no shard is owned twice or by no one, whatever the engines'
@@ -30,6 +31,7 @@ from raypipe.console import logger
 from raypipe.data.output import PreparedOutput
 from raypipe.layout import RunFolders
 from raypipe.progress import progress
+from raypipe.target import target_digest
 from raypipe.train.rows import PreparedRows
 
 
@@ -53,6 +55,8 @@ def open_rows(cfg: RaypipeConfig, cache_shards: int = 8) -> PreparedRows:
     )
     meta = {
         "target": cfg.serve.model,
+        "target_digest": target_digest(cfg.serve),
+        "dtype": cfg.serve.dtype,
         "data_manifest_sha256": rows.manifest_sha256,
         "sampling": reply_sampling(cfg, rows.end_of_turn_id),
         "enable_thinking": cfg.data.enable_thinking,

@@ -9,7 +9,10 @@ computes (the client's prefetch window); results come back in step order, as
 the service sent them (raypipe.serve.transport: a file on this node, or an
 array) or as cached tensors, and are copied once, into the step's buffer
 (raypipe.train.batches). Cache entries are keyed by a hash of the token ids,
-so a regenerated reply never reuses the states of another sequence.
+so a regenerated reply never reuses the states of another sequence. A cache
+holds the states of one target (its name and digest: its weights, updated in
+place or not), dtype and set of layers, recorded in its meta.json; any other is
+refused.
 """
 
 from __future__ import annotations
@@ -23,16 +26,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from raypipe.config import ServeConfig
 from raypipe.serve.transport import as_tensor
 from raypipe.storage import Storage
+from raypipe.target import target_digest
 
 
 class StateCache:
-    """Hidden states [T, n_layers, H] (bf16) per token sequence, for one target and one set of layers."""
+    """Hidden states [T, n_layers, H] (bf16) per token sequence, for one target (`serve`'s model, its digest and
+    dtype) and one set of layers."""
 
-    def __init__(self, storage: Storage, target: str, layer_ids: list[int]) -> None:
+    def __init__(self, storage: Storage, serve: ServeConfig, layer_ids: list[int]) -> None:
         self.storage = storage
-        meta = {"target": target, "layer_ids": list(layer_ids)}
+        meta = {
+            "target": serve.model,
+            "target_digest": target_digest(serve),
+            "dtype": serve.dtype,
+            "layer_ids": list(layer_ids),
+        }
         if storage.exists("meta.json"):
             found = storage.read_json("meta.json")
             if found != meta:

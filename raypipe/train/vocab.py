@@ -15,7 +15,7 @@ vocabulary (True for the kept tokens), and `d2t`, an offset per draft id
 (target id = draft id + d2t[draft id]). Both travel in the drafter's weights;
 vLLM maps the draft logits back to target ids with them, so decoding stays
 lossless: a token outside the draft vocabulary is never drafted, only
-produced by the target. The run keeps the mapping under `vocab/` with the
+produced by the target. The run keeps the mapping under `vocab/{name}/` with the
 digest of the data it counted, so resumed workers and the evaluation use the
 same one (a run on other data counts anew; its checkpoints are refused by
 raypipe.train.launcher.check_resume).

@@ -77,7 +77,9 @@ def test_fingerprints_ignore_a_rotated_secret_but_not_the_endpoint(tmp_path: Pat
         config(tmp_path, endpoint="http://10.0.0.1:9000"),
     )
     # Training's fingerprint covers what the drafter is trained on and with; where the run is stored is how it runs.
-    assert train_fingerprint(cfg, "m") == train_fingerprint(rotated, "m") == train_fingerprint(moved, "m")
+    assert (
+        train_fingerprint(cfg, "m", "t") == train_fingerprint(rotated, "m", "t") == train_fingerprint(moved, "m", "t")
+    )
     assert eval_fingerprint(cfg, "t") == eval_fingerprint(rotated, "t")
     assert prepare_fingerprint(cfg.data) == prepare_fingerprint(rotated.data) != prepare_fingerprint(moved.data)
 
@@ -89,7 +91,7 @@ def test_stage_log_records_carry_no_credentials(tmp_path: Path) -> None:
     log = StageLog(cfg)
     for stage in ("train", "eval"):
         log.mark(stage, 1.0, {"output": cfg.train.output})
-    records = list((tmp_path / "train" / "pipeline").glob("*.json"))
+    records = list((tmp_path / "train" / "pipeline" / cfg.name).glob("*.json"))
     assert len(records) == 2 and all(hidden(p.read_text()) for p in records)
     assert log.done("train") is not None and StageLog(config(tmp_path, secret="rotated")).done("train") is not None
 

@@ -21,10 +21,12 @@ from raypipe.assets.templates import load_template
 from raypipe.config import RaypipeConfig, load_config, redact
 from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.sources import plan_chunks
+from raypipe.layout import RunFolders, eval_output
 from raypipe.pipeline import StageLog, eval_fingerprint, prepare_fingerprint, train_fingerprint
 from raypipe.storage import Storage
+from raypipe.target import target_digest
 from raypipe.train.rows import PreparedRows
-from tests.helpers import prepare_records, qwen_spec
+from tests.helpers import local_target, prepare_records, qwen_spec
 
 ROWS = [
     {
@@ -158,8 +160,114 @@ def test_train_export_and_eval_chain_on_the_prepared_data_and_train_settings(tmp
     assert StageLog(config(root, "serve.dtype=float32")).done("train") is None
     assert StageLog(config(root, "eval.num_prompts=3")).done("eval") is None
     sha = hashlib.sha256(b"x").hexdigest()
-    assert train_fingerprint(cfg, sha) != train_fingerprint(cfg, hashlib.sha256(b"y").hexdigest())
+    assert train_fingerprint(cfg, sha, "t") != train_fingerprint(cfg, hashlib.sha256(b"y").hexdigest(), "t")
     assert eval_fingerprint(cfg, "a") != eval_fingerprint(cfg, "b")
+
+
+def fake_manifest(root: Path) -> Path:
+    """A prepared output's manifest, all that replies', train's and eval's fingerprints read of it."""
+    (root / "prepared").mkdir(exist_ok=True)
+    manifest = root / "prepared" / "manifest.json"
+    manifest.write_text('{"shards": []}\n')
+    return manifest
+
+
+def retrain_target(target: Path) -> None:
+    local_target(target, scale=2.0)  # an upstream update: the same names and shapes, other weights
+
+
+def edit_target_config(target: Path) -> None:
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "rope_theta": 5e6}))
+
+
+@pytest.mark.parametrize("change", [retrain_target, edit_target_config], ids=["weights", "config_json"])
+def test_replies_train_export_and_eval_rerun_after_the_targets_update_in_place(tmp_path: Path, change) -> None:
+    root = inputs(tmp_path)
+    fake_manifest(root)
+    target = local_target(root / "target")
+    cfg = config(root, f"serve.model={target}")
+    stages = ("replies", "train", "export", "eval")
+    log = StageLog(cfg)
+    for stage in stages:
+        log.mark(stage, 1.0, {})
+    assert all(StageLog(cfg).done(s) is not None for s in stages)
+
+    change(target)  # the same serve.model
+    assert [StageLog(cfg).done(s) for s in stages] == [None] * 4, "a resubmitted pipeline would skip them"
+
+
+def test_train_export_and_eval_rerun_under_another_raypipe_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = inputs(tmp_path)
+    fake_manifest(root)
+    cfg = config(root)
+    log = StageLog(cfg)
+    for stage in ("replies", "train", "export", "eval"):
+        log.mark(stage, 1.0, {})
+    bump_version(root, monkeypatch)
+    assert [StageLog(cfg).done(s) for s in ("train", "export", "eval")] == [None] * 3
+    assert StageLog(cfg).done("replies") is not None  # the target's replies: vLLM's, not raypipe's
+
+
+def test_eval_reruns_when_the_content_of_eval_prompts_changes(tmp_path: Path) -> None:
+    root = inputs(tmp_path)
+    fake_manifest(root)
+    prompts = root / "heldout.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in ROWS[:4]))
+    cfg = config(root, f"eval.prompts={prompts}", "eval.num_prompts=3")
+    log = StageLog(cfg)
+    for stage in ("train", "export", "eval"):
+        log.mark(stage, 1.0, {})
+
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in [*ROWS[:3], ROWS[20]]))  # past num_prompts: unread
+    assert StageLog(cfg).done("eval") is not None
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in [ROWS[10], *ROWS[1:4]]))  # the same path, other prompts
+    assert StageLog(cfg).done("eval") is None and StageLog(cfg).done("train") is not None
+
+
+def test_runs_of_two_names_under_one_train_output_keep_their_own_records_drafter_and_eval(tmp_path: Path) -> None:
+    root = inputs(tmp_path)
+    fake_manifest(root)
+    first, second = config(root, "name=first"), config(root, "name=second")
+    log = StageLog(first)
+    for stage in ("train", "export", "eval"):
+        log.mark(stage, 1.0, {})
+    # The same settings under another name: its own training run (ray_train/second), not first's records.
+    assert [StageLog(second).done(s) for s in ("train", "export", "eval")] == [None] * 3
+    one, two = RunFolders.of(first), RunFolders.of(second)
+    for folder in ("stages", "export", "eval", "ledger", "tensorboard"):
+        assert getattr(one, folder).url != getattr(two, folder).url, folder
+    assert eval_output(first).url != eval_output(second).url
+
+
+def test_a_resume_after_the_targets_update_in_place_is_refused(tmp_path: Path) -> None:
+    """The launcher's resume check on a checkpoint as the loop writes it: Ray Train would restore the run (a finished
+    one included) and pass the old target's drafter off as the new one's."""
+    from types import SimpleNamespace
+
+    from raypipe.train.launcher import _refuse_other_settings
+
+    root = inputs(tmp_path)
+    manifest = fake_manifest(root)
+    target = local_target(root / "target")
+    cfg = config(root, f"serve.model={target}")
+    runs = Storage(str(root / "train" / "ray_train"), {})
+    runs.write_json("run/checkpoint_0/config.json", redact(cfg.model_dump()))
+    runs.write_json(
+        "run/checkpoint_0/provenance.json",
+        {
+            "data_manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest(),
+            "target_digest": target_digest(cfg.serve),
+        },
+    )
+    result = SimpleNamespace(checkpoint=SimpleNamespace(path=runs.path("run/checkpoint_0")))
+    _refuse_other_settings(cfg, runs, result)  # the same target: resumed
+
+    retrain_target(target)
+    with pytest.raises(ValueError, match=r"trained with other settings or data \(target digest: '[0-9a-f]{16}' there"):
+        _refuse_other_settings(cfg, runs, result)
 
 
 def test_prepare_fingerprint_covers_template_text_inputs_output_and_version(
@@ -243,14 +351,15 @@ def test_prepare_reruns_through_the_real_data_stage_after_a_template_edit_in_pla
 
 def _fake_training_run(cfg: RaypipeConfig, manifest_sha256: str) -> None:
     """A real Ray Train run under the launcher's RunConfig whose one checkpoint holds what the training loop writes
-    for the resume check: the redacted config and the provenance's manifest digest."""
+    for the resume check: the redacted config and the provenance's manifest and target digests."""
     import ray.train
     from ray.train import ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from raypipe.train.launcher import run_config
 
-    config_doc, provenance = redact(cfg.model_dump()), {"data_manifest_sha256": manifest_sha256}
+    config_doc = redact(cfg.model_dump())
+    provenance = {"data_manifest_sha256": manifest_sha256, "target_digest": target_digest(cfg.serve)}
 
     def loop() -> None:
         with tempfile.TemporaryDirectory() as tmp:

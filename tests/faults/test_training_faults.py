@@ -302,7 +302,7 @@ def _report_scored_checkpoints(config: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             Path(tmp, "step").write_text(str(step))
             Path(tmp, "config.json").write_text(json.dumps(config["config"]))
-            Path(tmp, "provenance.json").write_text(json.dumps({"data_manifest_sha256": config["manifest_sha256"]}))
+            Path(tmp, "provenance.json").write_text(json.dumps(config["provenance"]))
             ray.train.report({"step": step, "train_loss": loss}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
@@ -317,6 +317,7 @@ def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_
     from ray.train import ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from raypipe.target import target_digest
     from raypipe.train.launcher import best_checkpoint, latest_checkpoint, run_config
 
     cfg: RaypipeConfig = load_config(
@@ -330,7 +331,12 @@ def test_ray_train_keeps_the_best_checkpoint_beside_the_latest_and_export_takes_
         train_loop_config={
             "losses": [3.0, 1.0, float("nan"), 2.0, 5.0],
             "config": cfg.public_dump(),
-            "manifest_sha256": hashlib.sha256((tmp_path / "prepared" / "manifest.json").read_bytes()).hexdigest(),
+            "provenance": {
+                "data_manifest_sha256": hashlib.sha256(
+                    (tmp_path / "prepared" / "manifest.json").read_bytes()
+                ).hexdigest(),
+                "target_digest": target_digest(cfg.serve),
+            },
         },
         scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.25}),
         run_config=run_config(cfg),

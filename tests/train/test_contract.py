@@ -15,6 +15,7 @@ from safetensors.numpy import load_file, save_file
 
 from raypipe.cli import main
 from raypipe.config import TrainConfig, load_config
+from raypipe.layout import RunFolders
 from raypipe.storage import Storage
 from raypipe.target import Target, load_target, resolve_model
 from raypipe.train.checkpoint import CONFIG_FILE, DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
@@ -372,11 +373,11 @@ def test_the_evaluation_stops_before_vllm_loads_a_drafter_that_breaks_the_contra
     from raypipe.eval.evaluate import run_evaluation
 
     cfg = load_config("debug_cpu", [f"train.output={tmp_path / 'train'}", "eval.num_prompts=2"])
-    export = tmp_path / "train" / "drafter"
+    export = Path(RunFolders.of(cfg).export.url)  # where the evaluation reads the run's drafter
     export_checkpoint(cfg, _checkpoint(drafters["qwen3"], tmp_path / "ckpt", targets["qwen3"]), str(export))
     config = json.loads((export / "config.json").read_text())
     (export / "config.json").write_text(json.dumps({**config, "sliding_window_non_causal": False}))
     with pytest.raises(ContractError, match=r"sliding_window_non_causal=false: per draft layer") as stopped:
         run_evaluation(cfg)
     assert f"the drafter at {export} does not match" in str(stopped.value)
-    assert not (tmp_path / "train" / "eval").exists()  # no eval.json, no plots
+    assert not Path(RunFolders.of(cfg).eval.url).exists()  # no eval.json, no plots

@@ -18,6 +18,7 @@ from raypipe.storage import Storage
 from raypipe.train.ledger import Ledger
 from raypipe.train.rows import PreparedRows
 from raypipe.train.states import StateCache, stream_states
+from tests.helpers import local_target, serve_config
 
 ROWS = [
     [
@@ -116,7 +117,7 @@ def test_missing_prepared_data_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_state_cache_keys_by_tokens_and_refuses_other_layers(tmp_path: Path) -> None:
-    cache = StateCache(Storage(str(tmp_path / "cache"), {}), "builtin:tiny", [1, 4])
+    cache = StateCache(Storage(str(tmp_path / "cache"), {}), serve_config("builtin:tiny"), [1, 4])
     ids = np.array([3, 4, 5])
     states = torch.randn(3, 2, 8)
     assert cache.get(ids) is None
@@ -124,9 +125,37 @@ def test_state_cache_keys_by_tokens_and_refuses_other_layers(tmp_path: Path) -> 
     torch.testing.assert_close(cache.get(ids), states.to(torch.bfloat16))
     assert cache.get(np.array([3, 4, 6])) is None
     with pytest.raises(ValueError, match="holds states of"):
-        StateCache(Storage(str(tmp_path / "cache"), {}), "builtin:tiny", [2, 4])
+        StateCache(Storage(str(tmp_path / "cache"), {}), serve_config("builtin:tiny"), [2, 4])
     with pytest.raises(ValueError, match="hybrid"):
         list(stream_states([[ids], [np.array([9])]], "offline", None, cache))
+
+
+def test_state_cache_refuses_states_of_another_dtype_or_of_the_targets_older_weights(tmp_path: Path) -> None:
+    target = local_target(tmp_path / "target")
+    storage = Storage(str(tmp_path / "cache"), {})
+    StateCache(storage, serve_config(str(target)), [1, 4]).put(np.array([3, 4, 5]), torch.randn(3, 2, 8))
+    StateCache(storage, serve_config(str(target)), [1, 4])  # the same target, dtype and layers: reused
+    with pytest.raises(ValueError, match="holds states of .*point train.states.cache at a new directory"):
+        StateCache(storage, serve_config(str(target), dtype="bfloat16"), [1, 4])
+    local_target(target, scale=2.0)  # updated in place: the same serve.model
+    with pytest.raises(ValueError, match="holds states of .*point train.states.cache at a new directory"):
+        StateCache(storage, serve_config(str(target)), [1, 4])
+
+
+def test_replies_of_the_targets_older_weights_are_refused(tmp_path: Path) -> None:
+    from raypipe.config import load_config
+    from raypipe.train.replies import open_rows
+
+    _prepared(tmp_path / "prepared")
+    target = local_target(tmp_path / "target")
+    cfg = load_config(
+        "debug_cpu", [f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", f"serve.model={target}"]
+    )
+    open_rows(cfg)
+    open_rows(cfg)  # the same target: its replies are reused
+    local_target(target, scale=2.0)  # updated in place: the same serve.model
+    with pytest.raises(ValueError, match="holds replies made with .*use a new train.output"):
+        open_rows(cfg)
 
 
 def test_ledger_forgets_segments_after_the_resumed_cursor(tmp_path: Path) -> None:
