@@ -6,8 +6,9 @@ the stages already done for the same inputs and resumes the interrupted one
 (the data stage skips completed shards, Ray Train restores the run from its
 last checkpoint). Fingerprints come from content and chain stage to stage:
 prepare's covers the data config, the tokenizer, the template's text, each
-input file's size plus ETag or mtime and the raypipe version; train's covers
-the digest of the manifest prepare wrote (every shard's checksum) and the
+input file's size plus ETag or mtime (sha256 inside a job's working-dir
+package) and the raypipe version; train's covers the digest of the manifest
+prepare wrote (every shard's checksum) and the
 train and serve config; replies' covers the manifest's digest and what the
 replies are made with (the target, the reply settings); export's is train's,
 and eval's chains on it. Each stage returns a typed result (`Prepared`,

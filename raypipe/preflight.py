@@ -16,7 +16,7 @@ from pathlib import Path
 
 from raypipe.assets.templates import TEMPLATE_NAMES
 from raypipe.config import RaypipeConfig
-from raypipe.storage import is_url, resolve_secrets
+from raypipe.storage import is_url, job_package, resolve_secrets
 
 
 def problems(cfg: RaypipeConfig) -> list[str]:
@@ -43,17 +43,6 @@ def problems(cfg: RaypipeConfig) -> list[str]:
     if relative:
         found.append(relative)
     return found
-
-
-def job_package(cwd: Path) -> Path | None:
-    """The copy of `ray job submit --working-dir` that `cwd` lies in, None elsewhere. Ray (2.60) unpacks it into its
-    session's `runtime_resources/working_dir_files/_ray_pkg_<hash of the folder's content>/` and runs the job's
-    driver there; the session's temp folder goes with the next `ray start`."""
-    parts = cwd.parts
-    for i in range(len(parts) - 2):
-        if parts[i : i + 2] == ("runtime_resources", "working_dir_files"):
-            return Path(*parts[: i + 3])
-    return None
 
 
 def _relative_outputs_in_job(cfg: RaypipeConfig, cwd: Path) -> str | None:
