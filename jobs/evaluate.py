@@ -1,6 +1,8 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/evaluate.py --recipe demo [key=value ...]`.
 
 Measures the exported drafter's acceptance in vLLM and writes eval.json and plots.
+A job's outputs are absolute paths or URLs (`train.output=$PWD/runs/NAME/train` and alike): a relative one
+would land in Ray's temporary copy of the working dir, so it is refused (raypipe.preflight).
 `--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 

@@ -1,6 +1,8 @@
 """Job entrypoint: `ray job submit --working-dir . -- python jobs/pipeline.py --recipe demo [key=value ...]`.
 
 Prepare -> hidden-state service -> train -> export -> evaluate; a re-submitted job skips finished stages.
+A job's outputs are absolute paths or URLs (`train.output=$PWD/runs/NAME/train` and alike): a relative one
+would land in Ray's temporary copy of the working dir, so it is refused (raypipe.preflight).
 `--verbose` also prints Ray's, Ray Train's and vLLM's own logs (raypipe.progress).
 """
 

@@ -17,9 +17,18 @@ OVERRIDES_HELP = "key=value overrides of the recipe, e.g. data.output=/tmp/out d
 
 
 def _connect_ray(args: argparse.Namespace, cfg: RaypipeConfig) -> None:
-    """Attach to the cluster of `ray job submit` / RAY_ADDRESS, else start a local one. Unless --verbose, this process
-    and every worker of the job send the libraries' logs to the run's log folder (raypipe.console)."""
+    """Attach to the cluster of `ray job submit` / RAY_ADDRESS / the last `ray start` here, else start a local one; a
+    head that does not answer stops the command with the fix (raypipe.ray_head) rather than ray.init's minutes of
+    retries. Unless --verbose, this process and every worker of the job send the libraries' logs to the run's log
+    folder (raypipe.console)."""
     import ray
+
+    from raypipe.compat.ray import current_cluster_file
+    from raypipe.ray_head import check_head
+
+    if not ray.is_initialized():
+        check_head(os.environ, current_cluster_file())
+
     import ray.serve  # noqa: F401  its import adds a console handler of its own, which quiet_process quiets
 
     from raypipe.console import job_env, quiet_process

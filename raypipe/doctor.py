@@ -4,7 +4,8 @@ Checked, in order: Ray, vLLM and torch import at the versions raypipe pins;
 each NUMA node's memory, and what the recipe's CPU engines need from the node
 vLLM sizes them from (raypipe.node_memory); /dev/shm, where Ray's object store
 and the service's state files live; the ports of a local head and of the
-service, free or held by Ray; the token-auth mode a client needs for the head
+service, free or held by Ray; the Ray head a command would join (RAY_ADDRESS, or the one the last
+`ray start` here recorded), answering (raypipe.ray_head); the token-auth mode a client needs for the head
 running here (Ray 2.60 starts heads with token auth, and a client sends
 ~/.ray/auth_token only with RAY_AUTH_MODE=token); and the recipe's outputs
 reachable; and what the config names on this machine (raypipe.preflight). The exit status is 1 when a check
@@ -25,10 +26,11 @@ from pathlib import Path
 
 import psutil
 
-from raypipe.compat.ray import object_store_memory_proportion
+from raypipe.compat.ray import current_cluster_file, object_store_memory_proportion
 from raypipe.config import RaypipeConfig, load_config
 from raypipe.node_memory import GIB, engine_fit, engine_node, engine_weights, numa_nodes
 from raypipe.preflight import problems
+from raypipe.ray_head import head_to_join, unreachable
 from raypipe.storage import Storage, is_url
 from raypipe.target import BUILTIN_TARGETS
 
@@ -125,6 +127,24 @@ def _port(port: int, role: str, fix: str) -> Check:
     return Check(f"port {port}", ray, f"held by {'Ray: ' * ray}{who} ({role})", "" if ray else fix)
 
 
+def _ray_head() -> Check:
+    """The head `ray.init()` would join answers; a dead one would hold every command for minutes."""
+    try:
+        recorded = current_cluster_file()
+    except ImportError as err:
+        return Check("ray head", False, f"ray does not import: {err}", INSTALL)
+    head = head_to_join(os.environ, recorded)
+    if os.environ.get("RAY_ADDRESS") == "local":
+        return Check("ray head", True, "RAY_ADDRESS=local: commands start a local Ray instance")
+    if head is None:
+        given = os.environ.get("RAY_ADDRESS") or "(unset)"
+        return Check("ray head", True, f"none to join (RAY_ADDRESS={given}, no {recorded}): commands start a local one")
+    why = unreachable(head)
+    if why is None:
+        return Check("ray head", True, f"{head.describe()} answers")
+    return Check("ray head", False, f"{head.describe()} does not answer: {why}; every command would wait", head.fix())
+
+
 def _head_auth_mode(dashboard_port: int = 8265) -> str | None:
     """The authentication mode of the Ray head whose dashboard listens here, None when none does."""
     holder = _holder(dashboard_port)
@@ -195,6 +215,7 @@ def checks(cfg: RaypipeConfig) -> list[Check]:
         *_memory(cfg),
         _shm(),
         *(_port(*port) for port in ports),
+        _ray_head(),
         _auth(),
         _storage("data.output", cfg.data.output, cfg.data.storage_options),
         _storage("train.output", cfg.train.output, cfg.train.storage_options),

@@ -6,7 +6,8 @@ re-submitted job skips the stages already done for the same inputs and resumes
 the interrupted one (the data stage skips completed shards, Ray Train restores
 the run from its last checkpoint). Fingerprints come from content and chain
 stage to stage: prepare's covers the data config, the tokenizer, the template's
-text, each input file's size plus ETag or mtime and the raypipe version;
+text, each input file's size plus ETag or mtime (sha256 inside a job's working-dir
+package) and the raypipe version;
 train's covers the digest of the manifest prepare wrote (every shard's
 checksum), the train and serve config, the target's digest
 (raypipe.target.target_digest: its weights, updated in place or not) and the

@@ -5,10 +5,17 @@ killed writer leaves complete files or none, and readers never see half a file.
 On a local filesystem a file is synced before its rename and its directory
 after, so a crash of the machine does not leave a complete-looking name over
 bytes that never reached the disk either.
+
+A job that `ray job submit --working-dir` started runs in Ray's copy of that
+folder (`job_package`), whose own name changes with every edit and every Ray
+session: an input file inside it is named by its place in the package
+(`working_dir:data/x.jsonl`, `package_name`), which `filesystem` maps back to
+the copy the calling process runs in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import uuid
@@ -30,9 +37,48 @@ def absolute(url: str) -> str:
     return url if is_url(url) else str(Path(url).resolve())
 
 
+WORKING_DIR = "working_dir:"  # prefix of an input file's name inside the job's working-dir package
+
+
+def job_package(cwd: Path) -> Path | None:
+    """The copy of `ray job submit --working-dir` that `cwd` lies in, None elsewhere. Ray (2.60) unpacks it into its
+    session's `runtime_resources/working_dir_files/_ray_pkg_<hash of the folder's content>/` on each node, without
+    the files' times, and runs the job's driver and workers there; the session's temp folder goes with the next
+    `ray start`."""
+    parts = cwd.parts
+    for i in range(len(parts) - 2):
+        if parts[i : i + 2] == ("runtime_resources", "working_dir_files"):
+            return Path(*parts[: i + 3])
+    return None
+
+
+def package_name(path: str) -> str:
+    """A local file inside the job package this process runs in, named by its place there
+    (`working_dir:data/x.jsonl`): the same name in the next job's copy. Anything else is returned as it is."""
+    package = job_package(Path.cwd())
+    if package is None or is_url(path) or not Path(path).is_relative_to(package):
+        return path
+    return WORKING_DIR + Path(path).relative_to(package).as_posix()
+
+
+def local_path(url: str) -> str:
+    """The file a `package_name` names in the job package this process runs in; any other URL or path unchanged."""
+    if not url.startswith(WORKING_DIR):
+        return url
+    package = job_package(Path.cwd())
+    if package is None:
+        raise ValueError(
+            f"{url} names a file of a `ray job submit --working-dir` package, but this process runs in none (its "
+            f"working directory is {Path.cwd()}): such a name is read by a job's driver and workers, which run in "
+            "their copy of the package; outside a job, prepare into another data.output"
+        )
+    return str(package / url.removeprefix(WORKING_DIR))
+
+
 def filesystem(url: str, storage_options: dict[str, Any]) -> tuple[AbstractFileSystem, str]:
-    """(fsspec filesystem, path without protocol); fsspec reuses instances per process and options."""
-    return url_to_fs(url, **resolve_secrets(storage_options))
+    """(fsspec filesystem, path without protocol); fsspec reuses instances per process and options. A name of a file
+    in the job's package (`package_name`) is the path of that file in this process's copy."""
+    return url_to_fs(local_path(url), **resolve_secrets(storage_options))
 
 
 def resolve_secrets(options: Any, where: str = "storage_options") -> Any:
@@ -82,6 +128,21 @@ def sync_directory(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def input_identity(url: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+    """`file_identity` of an input file; for a file of the job's package (a `package_name`), its size and the sha256
+    of its content instead: Ray unpacks each copy of the package without the files' times, so a resubmitted job would
+    see every input as changed. The package is small, so hashing it on the driver is cheap: Ray refuses a working dir
+    whose zip exceeds its gRPC message size (512 MiB in 2.60)."""
+    fs, path = filesystem(url, storage_options)
+    if not url.startswith(WORKING_DIR):
+        return file_identity(fs, path)
+    digest = hashlib.sha256()
+    with fs.open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return {"size": fs.size(path), "sha256": digest.hexdigest()}
 
 
 class Storage:

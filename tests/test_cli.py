@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -61,3 +63,28 @@ def test_prepare_job_end_to_end_on_the_bundled_sample(tmp_path):
     assert sorted(s["file"] for s in manifest["shards"]) == sorted(
         f"data/{p.name}" for p in (tmp_path / "prepared/data").iterdir()
     )
+
+
+def test_a_dead_head_left_in_rays_current_cluster_file_stops_the_command_with_the_fix(tmp_path):
+    """A head killed without `ray stop` leaves Ray's current-cluster file behind, and `ray.init()` joins its address,
+    retrying the GCS for minutes (issue 40, item 10). The command stops at once with the fix instead. The file is made
+    under RAY_TMPDIR, not in this machine's /tmp/ray, which other Ray instances use."""
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there
+    recorded = tmp_path / "ray" / "ray_current_cluster"
+    recorded.parent.mkdir()
+    recorded.write_text(dead)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(tmp_path)}
+    out = run(
+        "-m",
+        "raypipe.cli",
+        "prepare",
+        "--recipe",
+        "demo",
+        f"data.output={tmp_path}/prepared",
+        f"train.output={tmp_path}/train",
+        env=env,
+        timeout=120,  # a safety net: a hang fails here (TimeoutExpired) rather than blocking the suite
+    )
+    assert out.returncode == 2, out.stderr[-3000:]
+    assert f"the Ray head at {dead} (recorded in {recorded}" in out.stderr, out.stderr[-3000:]
+    assert "`ray stop`" in out.stderr and "RAY_ADDRESS=local" in out.stderr and "Traceback" not in out.stderr

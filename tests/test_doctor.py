@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = ["ray", "vllm", "torch", "memory node 0", "engines fit", "/dev/shm", "port 6379", "port 8265", "port 8000"]
-ROWS += ["token auth", "storage data.output", "storage train.output", "config here"]  # "memory node 1"... on NUMA
+ROWS += [
+    "ray head",
+    "token auth",
+    "storage data.output",
+    "storage train.output",
+    "config here",
+]  # "memory node 1"... on NUMA
 
 
-def doctor(*overrides: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+def doctor(*overrides: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, tuple[str, str]], str]:
     """(exit status, {check: (PASS or FAIL, detail or fix)}, output) of `raypipe doctor --recipe demo`."""
     out = subprocess.run(
         [sys.executable, "-m", "raypipe.cli", "doctor", "--recipe", "demo", *overrides],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=300,
@@ -63,3 +73,21 @@ def test_what_the_config_names_on_this_machine_is_checked_here(tmp_path):
     )
     assert status == 1 and rows["config here"][0] == "FAIL", out
     assert "data.chat_template: must be one of" in out and str(tmp_path / "no.jinja") in out, out
+
+
+def test_a_dead_head_that_commands_would_join_fails_with_the_fix(tmp_path):
+    """Ray's current-cluster file names a head killed without `ray stop` (issue 40, item 10): made under RAY_TMPDIR,
+    not in this machine's /tmp/ray, which other Ray instances use."""
+    dead = f"127.0.0.1:{free_port()}"
+    recorded = tmp_path / "ray" / "ray_current_cluster"
+    recorded.parent.mkdir()
+    recorded.write_text(dead)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_TMPDIR": str(tmp_path)}
+    status, rows, out = doctor(f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", env=env)
+    assert status == 1 and rows["ray head"][0] == "FAIL", out
+    assert f"the Ray head at {dead} (recorded in {recorded}) does not answer" in out, out
+    assert rows["ray head"][1].startswith(f"fix: `ray stop` (it removes {recorded}"), out
+    assert "RAY_ADDRESS=local" in rows["ray head"][1], out
+    env["RAY_ADDRESS"] = "local"  # the other fix: a fresh local instance
+    status, rows, out = doctor(f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", env=env)
+    assert rows["ray head"] == ("PASS", "RAY_ADDRESS=local: commands start a local Ray instance"), out

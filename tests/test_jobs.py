@@ -1,11 +1,12 @@
 """The README's way to run raypipe: `ray start --head` with Ray's token auth on, then `ray job submit` the pipeline on
 the demo recipe with `RAY_AUTH_MODE=token` and the token.
 
-One run checks the job (success, resume by stage), the outputs (rejects,
-stage records, the export), the evaluation (τ in vLLM, the estimates beside
-it, the plots), the metrics of every stage (every query of the Grafana
-dashboard, through a real Prometheus that scrapes the cluster by Ray's
-service-discovery file) and the printed serve command (run as printed).
+A job with the recipe's relative outputs is refused first. One run checks the
+job (success, resume by stage), the outputs (rejects, stage records, the
+export), the evaluation (τ in vLLM, the estimates beside it, the plots), the
+metrics of every stage (every query of the Grafana dashboard, through a real
+Prometheus that scrapes the cluster by Ray's service-discovery file) and the
+printed serve command (run as printed).
 """
 
 from __future__ import annotations
@@ -122,6 +123,16 @@ def check_dashboard_queries(prometheus: Prometheus, start: float) -> None:
     assert len(series) == 21 and all(series.values()), table
 
 
+def check_relative_outputs_refused(head: LocalCluster) -> None:
+    """The demo's relative outputs in a submitted job would land in Ray's copy of --working-dir, which the next
+    `ray start` abandons and every edit of the checkout renames: the job stops at once, naming them and the fix
+    (issue 40, item 9; its package is the one the demo job reuses)."""
+    status, logs = head.wait(head.submit([sys.executable, "jobs/pipeline.py", "--recipe", "demo"], ROOT), timeout_s=300)
+    assert status == "FAILED", logs[-3000:]
+    assert "runtime_resources/working_dir_files/_ray_pkg_" in logs and "train.output=runs/demo/train" in logs, logs
+    assert "train.output=$PWD/runs/demo/train" in logs and "[pipeline] prepare" not in logs, logs[-3000:]
+
+
 def refused_without_token(dashboard_url: str) -> bool:
     """The job API answers 401 to a request that carries no token."""
     try:
@@ -168,6 +179,7 @@ def prometheus(prometheus_command: str, head: LocalCluster, tmp_path: Path) -> P
 def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     prometheus: Prometheus, head: LocalCluster, demo_target: str, tmp_path: Path
 ) -> None:
+    check_relative_outputs_refused(head)
     out = tmp_path / "run"
     job = [
         sys.executable,

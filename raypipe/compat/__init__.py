@@ -28,6 +28,8 @@ to check; tests/compat/ has a test per pinned behaviour, so an upgrade fails the
 - `ray` (Ray 2.60):
   - `object_store_memory_proportion`: `ray._private.ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION`
     (raypipe.doctor's /dev/shm check);
+  - `current_cluster_file`: `ray._common.utils.get_ray_address_file(None)`, the file `ray.init()` joins a head from
+    (raypipe.ray_head, before `ray.init` and in raypipe.doctor);
   - `checkpoint_snapshot_filename`: `ray.train.v2._internal.constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME`
     (raypipe.train.launcher.check_resume);
   - `metrics_report_interval_s`: `ray._config.metrics_report_interval_ms()` (raypipe.eval.evaluate's wait for the

@@ -5,6 +5,7 @@ On an upgrade: run tests/compat/test_ray.py, and check the names below still exi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -18,6 +19,20 @@ def object_store_memory_proportion() -> float:
     from ray._private.ray_constants import DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
 
     return DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+
+
+def current_cluster_file() -> Path:
+    """The file in which `ray start --head` records its GCS address, and from which `ray.init()` joins that head when
+    it is given no address and RAY_ADDRESS is unset (or `auto`); `ray stop` removes it. It is
+    `{RAY_TMPDIR, else TMPDIR, else /tmp}/ray/ray_current_cluster`.
+
+    Relies on (2.60): `ray._common.utils.get_ray_address_file(None)`, which `ray.init` reads through
+    `ray._private.services.canonicalize_bootstrap_address` -> `get_ray_address_from_environment` (RAY_ADDRESS first,
+    `local` starting a new instance).
+    """
+    from ray._common.utils import get_ray_address_file
+
+    return Path(get_ray_address_file(None))
 
 
 def checkpoint_snapshot_filename() -> str:

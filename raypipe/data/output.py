@@ -14,7 +14,11 @@ leaves complete shards or none, and a re-run skips the complete ones.
 A re-run whose rows would depend on anything else (the data config, the
 tokenizer, the template's text, an input file's size and ETag or mtime, the
 raypipe version) is refused with a message, never re-planned over the old
-shards: the fix is a new `data.output`, or deleting the old one.
+shards: the fix is a new `data.output`, or deleting the old one. An input in
+the working-dir package of a submitted job is named by its place in the
+package (`working_dir:data/x.jsonl`, in plan.json, the rejects and the sample
+ids) and known by its size and sha256: Ray's next copy of the package has
+another folder name and new mtimes, and a resubmitted job resumes.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import raypipe
 from raypipe import __version__
 from raypipe.data.prepare import HISTOGRAM_EDGES, ShardResult
 from raypipe.data.sources import Chunk, list_files
-from raypipe.storage import Storage, absolute, file_identity, filesystem
+from raypipe.storage import Storage, absolute, filesystem, input_identity
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -71,7 +75,8 @@ def shard_name(index: int) -> str:
 
 def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
     """What the prepared rows depend on: raypipe's version, the data config, the tokenizer and the template's text
-    (not its name: a template edited in place counts), and each input file's size plus ETag or mtime."""
+    (not its name: a template edited in place counts), and each input file's size plus ETag or mtime (plus sha256 in a
+    job's working-dir package: raypipe.storage.input_identity)."""
     for source in cfg.sources:
         fs, _ = filesystem(source.path, cfg.storage_options)
         fs.invalidate_cache()  # files added or changed since a listing in this process
@@ -81,7 +86,7 @@ def dependencies(cfg: DataConfig, spec: TokenizerSpec) -> dict[str, Any]:
         "config_hash": cfg.output_hash(),
         "tokenizer_hash": spec.digest(),
         "template_hash": spec.template_digest(),
-        "inputs": {url: file_identity(*filesystem(url, cfg.storage_options)) for url in files},
+        "inputs": {url: input_identity(url, cfg.storage_options) for url in files},
     }
 
 

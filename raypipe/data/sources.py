@@ -45,7 +45,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from raypipe.config import SourceConfig
-from raypipe.storage import filesystem, is_url
+from raypipe.storage import filesystem, is_url, package_name
 
 SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl.gz", ".json.gz": "jsonl.gz", ".parquet": "parquet"}
 # Errors that mean the file's bytes are unusable (gzip.BadGzipFile is an OSError, a truncated gzip an EOFError).
@@ -57,7 +57,7 @@ _BLOCK = 1 << 20  # bytes per read when skipping an oversized line
 class FileRange:
     """Part of one input file: a whole small file, or a range of a large one."""
 
-    url: str  # file URL with protocol
+    url: str  # file URL with protocol, local path, or name in the job's package (raypipe.storage.package_name)
     kind: str  # jsonl | jsonl.gz | parquet
     start: int  # byte offset (jsonl, decompressed for jsonl.gz) or row group (parquet)
     end: int  # exclusive byte offset or row group + 1
@@ -123,7 +123,8 @@ def _listing(source: SourceConfig, storage_options: dict[str, Any]) -> tuple[lis
             f"data.sources: {source.path} does not exist; fix the path (globs like dir/*.jsonl are allowed)"
         )
     files = [p for p in found if not fs.isdir(p)]
-    as_url = (lambda p: fs.unstrip_protocol(p)) if is_url(source.path) else (lambda p: p)
+    # a local file in the job's working-dir package by its place there (raypipe.storage.package_name)
+    as_url = (lambda p: fs.unstrip_protocol(p)) if is_url(source.path) else package_name
     return sorted(as_url(p) for p in files if file_kind(p)), sorted(as_url(p) for p in files if not file_kind(p))
 
 

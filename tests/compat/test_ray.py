@@ -9,7 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from raypipe.compat.ray import checkpoint_snapshot_filename, metrics_report_interval_s, object_store_memory_proportion
+from raypipe.compat.ray import (
+    checkpoint_snapshot_filename,
+    current_cluster_file,
+    metrics_report_interval_s,
+    object_store_memory_proportion,
+)
+from raypipe.ray_head import head_to_join
 
 
 def test_the_object_store_takes_the_proportion_of_a_nodes_memory_by_default() -> None:
@@ -33,3 +39,27 @@ def test_the_metrics_report_interval_is_rays_config_in_effect() -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["2.5"]
     assert metrics_report_interval_s() > 0
+
+
+def test_the_head_ray_init_joins_is_the_one_raypipe_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """raypipe.ray_head's rule against Ray's own (what `ray.init()` without an address joins), with the current-cluster
+    file under RAY_TMPDIR: this machine's /tmp/ray/ray_current_cluster belongs to the Ray instances running on it."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    recorded = current_cluster_file()
+    assert recorded == tmp_path / "ray" / "ray_current_cluster"
+
+    def joined() -> tuple[str | None, str | None]:
+        head = head_to_join(os.environ, recorded)
+        return canonicalize_bootstrap_address(None), head and head.address
+
+    assert joined() == (None, None)  # nothing recorded: a local instance
+    recorded.parent.mkdir()
+    recorded.write_text("10.0.0.5:6379")  # what `ray start --head` writes
+    assert joined() == ("10.0.0.5:6379", "10.0.0.5:6379")
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.6:6380")
+    assert joined() == ("10.0.0.6:6380", "10.0.0.6:6380")
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert joined() == (None, None)

@@ -1,6 +1,7 @@
 """Stale reuse: whatever a stage's output depends on changed, the stage re-runs or refuses, never reports done.
 
-Prepare: the template's text (edited in place), an input file (size or mtime), data.output, the raypipe version.
+Prepare: the template's text (edited in place), an input file (size or mtime), data.output, the raypipe version;
+in a job's copy of its working dir, an input's content, not its folder or mtime (both new in each copy).
 Train: its settings (a resume under others is refused by the run's own checkpoint, through real Ray Train), the
 prepared data (the manifest's digest). A prepared shard changed after the data stage is refused when read.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from raypipe.data.output import PreparedOutput, dependencies
 from raypipe.data.sources import plan_chunks
 from raypipe.layout import RunFolders, eval_output
 from raypipe.pipeline import StageLog, eval_fingerprint, prepare_fingerprint, train_fingerprint
-from raypipe.storage import Storage
+from raypipe.storage import Storage, filesystem
 from raypipe.target import target_digest
 from raypipe.train.rows import PreparedRows
 from tests.helpers import local_target, prepare_records, qwen_spec
@@ -281,6 +283,78 @@ def test_prepare_fingerprint_covers_template_text_inputs_output_and_version(
     seen.add(prepare_fingerprint(config(root, f"data.output={root}/elsewhere").data))
     assert len(seen) == 6
     assert prepare_fingerprint(config(root).data) == prepare_fingerprint(config(root).data)
+
+
+def prepare_here(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """run_prepare with its actors' work done in this process (the same ShardPreparer and write_shard, no Ray); the
+    indices of the chunks prepared, in order."""
+    from raypipe.data import pipeline
+    from raypipe.data.prepare import ShardPreparer
+
+    prepared: list[int] = []
+
+    def run_actors(cfg: Any, spec: Any, todo: list[Any]) -> dict[str, float]:
+        output, preparer = PreparedOutput.of(cfg), ShardPreparer(cfg, spec)
+        for chunk in todo:
+            output.write_shard(preparer.prepare(chunk))
+            prepared.append(chunk.index)
+        return {}
+
+    monkeypatch.setattr(pipeline, "_run_actors", run_actors)
+    return prepared
+
+
+def test_a_resubmitted_job_resumes_its_prepared_output_from_a_new_copy_of_the_working_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job's inputs inside its --working-dir come from Ray's copy of that folder, unpacked without the files' times
+    under a folder named by the content's hash: a resubmission after an edit of the checkout, or in a new Ray session,
+    reads the same data from a new folder with new mtimes (issue 40, item 9). Its absolute data.output resumes: the
+    stage log skips prepare, and a missing shard is the only one redone. A changed input is still refused, even one
+    of the same size and mtime."""
+    from raypipe.data.pipeline import run_prepare
+
+    prepared = prepare_here(monkeypatch)
+    packages = tmp_path / "session_1" / "runtime_resources" / "working_dir_files"
+    first = inputs(packages / "_ray_pkg_aaa")
+    out = tmp_path / "runs" / "prepared"
+    overrides = [
+        "data.sources=[{path: in/*.jsonl, name: mixed}]",  # relative, as the demo recipe's: inside the package
+        "data.chat_template=template.jinja",
+        f"data.output={out}",
+        f"train.output={tmp_path}/runs/train",
+    ]
+    monkeypatch.chdir(first)  # the job's driver runs in the package
+    cfg = config(first, *overrides)
+    manifest = run_prepare(cfg.data)
+    StageLog(cfg).mark("prepare", 1.0, manifest["counts"])
+    assert len(prepared) > 2 and manifest["counts"]["rows_kept"] == len(ROWS)
+    plan = (out / "plan.json").read_text()
+    assert '"working_dir:in/a.jsonl"' in plan and "_ray_pkg_" not in plan, plan
+
+    second = tmp_path / "session_2" / "runtime_resources" / "working_dir_files" / "_ray_pkg_bbb"
+    shutil.copytree(first, second, copy_function=shutil.copy)  # Ray keeps no file times
+    for path in (second / "in").iterdir():
+        os.utime(path, (path.stat().st_atime + 60, path.stat().st_mtime + 60))
+    shutil.rmtree(packages.parent.parent)  # the old session is gone
+    monkeypatch.chdir(second)
+    cfg = config(second, *overrides)
+    assert StageLog(cfg).done("prepare") is not None, "a resubmitted pipeline would prepare again"
+    (out / "stats" / "part-000001.json").unlink()  # as if the first job had been killed before that shard
+    prepared.clear()
+    assert run_prepare(cfg.data) == manifest and prepared == [1]
+
+    a = second / "in" / "a.jsonl"  # one character edited: same size, same mtime
+    stat = a.stat()
+    a.write_text(a.read_text().replace("question 1", "question 7", 1))
+    os.utime(a, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert StageLog(cfg).done("prepare") is None
+    with pytest.raises(ValueError, match=r"holds a run made with a different input files"):
+        run_prepare(cfg.data)
+
+    monkeypatch.chdir(tmp_path)  # a package's name read where no package is: a clear error, not another file
+    with pytest.raises(ValueError, match=r"working_dir:in/a\.jsonl names a file of .* but this process runs in none"):
+        filesystem("working_dir:in/a.jsonl", {})
 
 
 def _corrupt_middle(path: Path) -> None:
