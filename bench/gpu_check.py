@@ -119,7 +119,7 @@ def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
 
     import torch
 
-    from raypipe.serve.transport import copy_states, hand_over, replica_dir, write_states
+    from raypipe.serve.transport import copy_states, hand_over, process_identity, replica_dir, write_states
 
     directory = replica_dir()
     ids = list(range(shape[0]))
@@ -128,7 +128,7 @@ def shm_to_pinned_rate(shape: tuple[int, ...], reps: int = 5) -> float:
     seconds = 0.0
     for i in range(reps + 1):
         os.link(template, directory / f"r{i}.safetensors")
-        handed = hand_over(str(directory / f"r{i}.safetensors"), ids, os.getpid())
+        handed = hand_over(str(directory / f"r{i}.safetensors"), ids, process_identity())
         start = time.perf_counter()
         copy_states(handed, pinned)
         seconds += (time.perf_counter() - start) if i else 0.0  # the first copy warms the buffer
