@@ -1,0 +1,446 @@
+"""Chaos: the pipeline submitted as a job to a cluster of its own while this driver injects the faults a real job
+meets, then an audit that does not trust the job's own bookkeeping.
+
+    python bench/chaos.py --seed 1 [--recipe demo] [--deadline-min 40] [key=value ...]
+
+The cluster (tests/local_cluster.py) sees a /dev/shm of its own, a `--shm-mib` tmpfs. Once training runs, each
+fault kind happens once, in a seeded random order (those that need the hidden-state service first, while epoch 0
+asks it for states), each a seeded random time after training moved on from the one before:
+
+- `engine`:  SIGKILL of the Serve replica's vLLM engine core (its pid from the service's /stats);
+- `replica`: SIGKILL of the Serve replica (its pid from /stats);
+- `shm`:     the cluster's /dev/shm filled to the last byte for `--hold-s`, then freed;
+- `worker`:  SIGKILL of a Ray Train worker (its pid from the step log);
+- `driver`:  SIGKILL of the job's driver process, then the same job submitted again.
+
+A job that fails by itself is submitted again too (at most twice), and counted apart. Bounded: past the deadline
+everything it started is stopped and the run is reported as failed. At the end, from outside the job:
+- every sample trained once, twice or never, per epoch, from the step log (raypipe.train.steplog: the steps the
+  final model holds), against the sample ids of the prepared Parquet;
+- the state files left in the cluster's /dev/shm (raypipe-states-*), the engine processes left (the engine
+  registry's live records, and any vLLM EngineCore process among the cluster's), Serve replicas left;
+- τ from eval.json against the recorded clean demo runs (bench/results/demo.json, fresh_clone.json).
+It writes bench/results/chaos.json (`python -m bench.figures` quotes it) and runs/chaos/report.json, the whole
+report. tests/faults/test_chaos.py runs the same driver at CI's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # raypipe and tests.local_cluster; figures as the other benches
+
+from raypipe.config import RaypipeConfig, load_config  # noqa: E402
+from raypipe.layout import RunFolders  # noqa: E402
+from raypipe.storage import Storage  # noqa: E402
+from raypipe.train.steplog import once_twice_never, read_attempts, trained_counts  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
+from tests.local_cluster import LocalCluster  # noqa: E402
+
+SERVICE_FAULTS = ("engine", "replica", "shm")  # need the service in use: epoch 0 in hybrid mode
+OTHER_FAULTS = ("worker", "driver")
+KINDS = SERVICE_FAULTS + OTHER_FAULTS
+# Execution settings only (a fingerprint ignores them): a checkpoint every 50 steps, so a fault costs a few steps, and
+# room for the worker-group restarts the faults cause.
+CHAOS_OVERRIDES = ("train.run.checkpoint_every=50", "train.run.max_failures=8")
+
+
+def log(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+class Job:
+    """The job as an operator handles it: submitted, watched, submitted again after its driver was killed or it
+    failed."""
+
+    def __init__(self, cluster: LocalCluster, entrypoint: str, script: str) -> None:
+        self.cluster, self.entrypoint, self.script = cluster, entrypoint, script
+        self.client = cluster.job_client()
+        self.ids: list[str] = []
+        self.expected_end = False  # the driver was killed on purpose
+        self.failures: list[dict[str, Any]] = []  # jobs that failed by themselves
+        self.logs = ""
+
+    def submit(self) -> None:
+        self.ids.append(self.client.submit_job(entrypoint=self.entrypoint, runtime_env={"working_dir": str(ROOT)}))
+        log(f"job {self.ids[-1]} submitted")
+
+    def status(self) -> str:
+        """SUCCEEDED, or RUNNING while a job runs (one that ended otherwise is submitted again), or FAILED for good."""
+        status = str(self.client.get_job_status(self.ids[-1]).value)
+        if status in ("SUCCEEDED", "PENDING", "RUNNING"):
+            return status
+        self.logs = self.client.get_job_logs(self.ids[-1])
+        if self.expected_end:
+            self.expected_end = False
+        else:
+            self.failures.append({"job": self.ids[-1], "status": status, "log_tail": self.logs[-3000:]})
+            log(f"job {self.ids[-1]} {status} by itself:\n{self.logs[-3000:]}")
+            if len(self.failures) > 2:
+                return "FAILED"
+        self.submit()
+        return "RUNNING"
+
+    def driver(self) -> psutil.Process | None:
+        """The running job's driver: the cluster's process running the entrypoint's script."""
+        for p in self.cluster.processes():
+            try:
+                if self.script in " ".join(p.cmdline()) and p.name().startswith("python"):
+                    return p
+            except psutil.Error:
+                continue
+        return None
+
+
+class Chaos:
+    def __init__(self, cluster: LocalCluster, job: Job, cfg: RaypipeConfig, seed: int, deadline_s: float, **opts: Any):
+        self.cluster, self.job, self.cfg = cluster, job, cfg
+        self.rng = random.Random(seed)
+        self.start = time.monotonic()
+        self.deadline = self.start + deadline_s
+        self.steps = RunFolders(Storage(cfg.train.output, {}), cfg.name).steps
+        self.stats_url = f"http://127.0.0.1:{cfg.serve.http_port}/hidden_states/stats"
+        self.gap_s: tuple[float, float] = opts["gap_s"]
+        self.hold_s: float = opts["hold_s"]
+        self.recover_s: float = opts["recover_s"]
+        self.faults: list[dict[str, Any]] = []
+        self.engines_seen: dict[int, float] = {}  # pid -> start time, of every engine core /stats named
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.start, 1)
+
+    def step_lines(self) -> tuple[int, int, int]:
+        """(step lines written, the last epoch, the last step) over every attempt and rank."""
+        count, epoch, step = 0, 0, 0
+        if self.steps.fs.exists(self.steps.path()):
+            for lines in (lines for a in read_attempts(self.steps).values() for lines in a["ranks"].values()):
+                count += len(lines)
+                if lines:
+                    epoch, step = max((epoch, step), (lines[-1]["epoch"], lines[-1]["step"]))
+        return count, epoch, step
+
+    def wait(self, until: Callable[[], bool], limit_s: float) -> str:
+        """Poll until `until()`, the job's end, or `limit_s`: `ok`, `done` (succeeded), `failed`, `timeout`."""
+        end = min(time.monotonic() + limit_s, self.deadline)
+        while time.monotonic() < end:
+            status = self.job.status()
+            if status == "SUCCEEDED":
+                return "done"
+            if status == "FAILED":
+                return "failed"
+            if until():
+                return "ok"
+            time.sleep(0.5)
+        return "timeout"
+
+    def stats(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(urllib.request.urlopen(self.stats_url, timeout=5).read())
+        except (OSError, ValueError):
+            return None
+
+    def inject(self, kind: str) -> dict[str, Any] | None:
+        """The fault, if its target is there now; None to try again shortly."""
+        if kind in ("engine", "replica"):
+            stats = self.stats()
+            if stats is None or not stats["engine_pids"]:
+                return None
+            for pid in stats["engine_pids"]:
+                if alive(pid):
+                    self.engines_seen[pid] = psutil.Process(pid).create_time()
+            pid = stats["engine_pids"][0] if kind == "engine" else stats["pid"]
+            os.kill(pid, signal.SIGKILL)
+            return {"pid": pid}
+        if kind == "worker":
+            attempts = read_attempts(self.steps) if self.steps.fs.exists(self.steps.path()) else {}
+            if not attempts:
+                return None
+            pids = [p for p in list(attempts.values())[-1]["pids"].values() if alive(p)]
+            if not pids:
+                return None
+            pid = self.rng.choice(sorted(pids))
+            os.kill(pid, signal.SIGKILL)
+            return {"pid": pid}
+        if kind == "driver":
+            driver = self.job.driver()
+            if driver is None:
+                return None
+            self.job.expected_end = True
+            driver.kill()
+            return {"pid": driver.pid, "job": self.job.ids[-1], "jobs_before": len(self.job.ids)}
+        assert kind == "shm", kind
+        return self.fill_shm()
+
+    def fill_shm(self) -> dict[str, Any]:
+        """Fill the cluster's /dev/shm to the last byte, hold it `hold_s`, free it."""
+        shm = self.cluster.shm()
+        filler = shm / f"chaos-fill-{os.getpid()}"
+        free = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+        with open(filler, "wb") as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, free)
+            except OSError:
+                pass
+            chunk = b"\0" * 65536
+            try:
+                while True:  # whatever fallocate left (tmpfs rounds to pages)
+                    f.write(chunk)
+                    f.flush()
+            except OSError:
+                pass
+        left = os.statvfs(shm).f_bavail * os.statvfs(shm).f_frsize
+        log(f"/dev/shm filled: {free} bytes taken, {left} left; held {self.hold_s} s")
+        self.wait(lambda: False, self.hold_s)
+        filler.unlink()
+        return {"filled_bytes": free, "left_bytes": left, "held_s": self.hold_s}
+
+    def run(self, kinds: list[str]) -> str:
+        """Inject every kind once; returns how the job ended: done, failed or timeout."""
+        service = [k for k in kinds if k in SERVICE_FAULTS]
+        other = [k for k in kinds if k not in SERVICE_FAULTS]
+        self.rng.shuffle(service)
+        self.rng.shuffle(other)
+        self.job.submit()
+        ended = self.wait(lambda: self.step_lines()[0] > 0, self.deadline - time.monotonic())
+        log(f"training runs at {self.now()} s" if ended == "ok" else f"job {ended} before training")
+        for kind in service + other:
+            if ended != "ok":
+                break
+            ended = self.one_fault(kind, round(self.rng.uniform(*self.gap_s), 1))
+        if ended == "ok":
+            ended = self.wait(lambda: False, self.deadline - time.monotonic())
+        return ended
+
+    def one_fault(self, kind: str, delay: float) -> str:
+        """`delay` seconds on, the fault once its target is there, then until training moves on again."""
+        ended = self.wait(lambda: False, delay)
+        if ended != "timeout":  # the job ended during the delay
+            return ended
+        fault: dict[str, Any] = {}
+        ended = self.wait(lambda: bool(fault.update(self.inject(kind) or {}) or fault), self.recover_s)
+        if ended != "ok":
+            return ended
+        lines, epoch, step = self.step_lines()
+        fault.update(kind=kind, at_s=self.now(), after_delay_s=delay, epoch=epoch, step=step)
+        fault["utc"] = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self.faults.append(fault)
+        log(f"fault {kind}: {fault}")
+        if kind == "driver":
+            self.wait(lambda: len(self.job.ids) > fault["jobs_before"], 60)  # submitted again by status()
+        ended = self.wait(lambda: self.step_lines()[0] > lines + 2, self.recover_s)  # steps after those in flight
+        fault["recovered_s"] = round(self.now() - fault["at_s"], 1) if ended == "ok" else None
+        return ended
+
+    def restarts_after(self) -> None:
+        """Per fault, the worker-group starts (step-log attempts) between it and the next fault."""
+        starts = sorted(read_attempts(self.steps)) if self.steps.fs.exists(self.steps.path()) else []
+        marks = [f["utc"] for f in self.faults] + ["99999999T999999"]
+        for f, until in zip(self.faults, marks[1:]):
+            f["group_starts_after"] = sum(1 for a in starts if f["utc"] <= a[:15] < until)
+
+
+def prepared_ids(cfg: RaypipeConfig) -> list[str]:
+    import pyarrow.parquet as pq
+
+    files = sorted(Path(cfg.data.output, "data").glob("*.parquet"))
+    return [s for f in files for s in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()]
+
+
+def leftovers(cluster: LocalCluster, engines_seen: dict[int, float]) -> dict[str, list[Any]]:
+    """What the job left once it ended: state files in the cluster's /dev/shm, live engine records and processes,
+    Serve replicas."""
+    shm = cluster.shm()
+    files = sorted(str(p.relative_to(shm)) for d in shm.glob("raypipe-states-*") for p in [d, *d.rglob("*")])
+    records = []
+    for path in shm.glob("raypipe-engines-*/*.json"):
+        doc = json.loads(path.read_text())
+        records += [e["pid"] for e in doc.get("engines", []) if alive(e["pid"])]
+    cores, replicas = [], []
+    for p in cluster.processes():
+        try:
+            text = " ".join(p.cmdline()) + " " + p.name()
+        except psutil.Error:
+            continue
+        if "EngineCore" in text:
+            cores.append(p.pid)
+        if "ServeReplica" in text and "HiddenStateService" in text:
+            replicas.append(p.pid)
+    seen = [pid for pid, t in engines_seen.items() if alive(pid) and psutil.Process(pid).create_time() == t]
+    return {
+        "state_files": files,
+        "engine_records_alive": sorted(set(records)),
+        "engine_processes": sorted(set(cores) | set(seen)),
+        "serve_replicas": sorted(replicas),
+    }
+
+
+def audit(cfg: RaypipeConfig, chaos: Chaos) -> dict[str, Any]:
+    """The step log against the prepared samples, per epoch."""
+    counts = trained_counts(chaos.steps)
+    per_epoch = once_twice_never(counts, prepared_ids(cfg), cfg.train.schedule.epochs)
+    attempts = read_attempts(chaos.steps)
+    return {
+        "per_epoch": per_epoch,
+        "attempts": [{"attempt": a, "resumed": d["resumed"], "pids": d["pids"]} for a, d in attempts.items()],
+    }
+
+
+def clean_taus() -> dict[str, float]:
+    """τ at temperature 0 of the recorded clean demo runs."""
+    out = {}
+    for name in ("demo", "fresh_clone"):
+        path = ROOT / "bench" / "results" / f"{name}.json"
+        if path.exists():
+            for f in json.loads(path.read_text())["figures"]:
+                if f["label"] == "τ in vLLM, T=0":
+                    out[name] = f["value"]
+    return out
+
+
+def run_chaos(
+    recipe: str,
+    overrides: list[str],
+    out: Path,
+    seed: int,
+    kinds: list[str],
+    deadline_s: float,
+    shm_mib: int = 512,
+    gap_s: tuple[float, float] = (5.0, 30.0),
+    hold_s: float = 8.0,
+    recover_s: float = 600.0,
+    stages: str = "pipeline",
+) -> dict[str, Any]:
+    """Start the cluster, submit the job, inject `kinds`, audit; stops everything it started. `stages`: `pipeline`
+    (jobs/pipeline.py) or `train` (jobs/prepare_data.py, then jobs/train_drafter.py: no evaluation)."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    run = [
+        f"data.output={out}/prepared",
+        f"train.output={out}/train",
+        f"train.states.cache={out}/cache",
+        f"serve.http_port={port}",
+        *CHAOS_OVERRIDES,
+        *overrides,
+    ]
+    cfg = load_config(recipe, run)
+    scripts = ["jobs/pipeline.py"] if stages == "pipeline" else ["jobs/prepare_data.py", "jobs/train_drafter.py"]
+    entrypoint = " && ".join(shlex.join([sys.executable, s, "--recipe", recipe, *run]) for s in scripts)
+    cluster = LocalCluster(out / "cluster", head_cpus=4, shm_bytes=shm_mib * 2**20)
+    cluster.start()
+    report: dict[str, Any] = {"recipe": recipe, "seed": seed, "overrides": run, "entrypoint": entrypoint}
+    try:
+        job = Job(cluster, entrypoint, scripts[-1] if stages == "pipeline" else "jobs/")
+        chaos = Chaos(cluster, job, cfg, seed, deadline_s, gap_s=gap_s, hold_s=hold_s, recover_s=recover_s)
+        ended = chaos.run(kinds)
+        chaos.restarts_after()
+        report.update(
+            ended=ended,
+            wall_s=chaos.now(),
+            faults=chaos.faults,
+            jobs_submitted=len(job.ids),
+            resubmitted_after_driver_kill=sum(1 for f in chaos.faults if f["kind"] == "driver"),
+            failed_by_themselves=job.failures,
+        )
+        time.sleep(2)  # a replica being deleted as the job ends
+        report["left"] = leftovers(cluster, chaos.engines_seen)
+        report["audit"] = audit(cfg, chaos)
+        eval_json = Path(cfg.train.output) / "eval" / "eval.json"
+        if eval_json.exists():
+            doc = json.loads(eval_json.read_text())
+            report["tau"] = {str(g["temperature"]): g["tau"] for g in doc["vllm"]}
+        report["job_log_tail"] = job.logs[-4000:] if job.logs else job.client.get_job_logs(job.ids[-1])[-4000:]
+    finally:
+        cluster.stop()
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def figures_of(report: dict[str, Any]) -> list[dict[str, Any]]:
+    from figures import figure
+
+    per_epoch = report["audit"]["per_epoch"].values()
+    left = report["left"]
+    out = [figure("whole chaos run", report["wall_s"], "s")]
+    for f in report["faults"]:
+        out.append(
+            figure(
+                f"fault {f['kind']} at {f['at_s']:.0f} s (epoch {f['epoch']}, step {f['step']}): worker-group starts "
+                f"after it, recovered in {f['recovered_s']} s",
+                f["group_starts_after"],
+            )
+        )
+    out += [
+        figure("faults injected", len(report["faults"]), at_least=len(KINDS)),
+        figure("jobs submitted", report["jobs_submitted"]),
+        figure("jobs failed by themselves (not the driver kill)", len(report["failed_by_themselves"]), at_most=0),
+        figure("sample-epochs trained once", sum(e["once"] for e in per_epoch)),
+        figure("sample-epochs trained twice or more", sum(e["twice_or_more"] for e in per_epoch), at_most=0),
+        figure("sample-epochs never trained", sum(e["never"] for e in per_epoch), at_most=0),
+        figure("state files left in /dev/shm", len(left["state_files"]), at_most=0),
+        figure("engine processes left", len(left["engine_processes"]), at_most=0),
+        figure("Serve replicas left", len(left["serve_replicas"]), at_most=0),
+    ]
+    if "tau" in report:
+        tau = report["tau"]["0.0"]
+        out.append(figure("τ in vLLM, T=0", tau))
+        for name, clean in clean_taus().items():
+            out.append(figure(f"τ over the clean run's ({name}: {clean})", tau / clean, "x"))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--recipe", default="demo")
+    parser.add_argument("--faults", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
+    parser.add_argument("--deadline-min", type=float, default=40.0)
+    parser.add_argument("--shm-mib", type=int, default=512)
+    parser.add_argument("--hold-s", type=float, default=8.0)
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+    kinds = args.faults.split(",")
+    assert set(kinds) <= set(KINDS), kinds
+    out = ROOT / "runs" / "chaos"
+    report = run_chaos(
+        args.recipe,
+        args.overrides,
+        out / f"seed{args.seed}",
+        args.seed,
+        kinds,
+        args.deadline_min * 60,
+        args.shm_mib,
+        hold_s=args.hold_s,
+    )
+    print(json.dumps({k: v for k, v in report.items() if k != "job_log_tail"}, indent=1))
+    if report["ended"] == "done":
+        from figures import record
+
+        record("chaos", figures_of(report))
+    else:
+        print(report["job_log_tail"])
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
