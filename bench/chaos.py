@@ -63,6 +63,18 @@ def log(msg: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def engine_core(pids: list[int]) -> int:
+    """vLLM's engine core among an engine's processes (its process title names it; the others are helpers such as
+    multiprocessing's resource tracker)."""
+    for pid in pids:
+        try:
+            if "EngineCore" in " ".join(psutil.Process(pid).cmdline()):
+                return pid
+        except psutil.Error:
+            continue
+    raise AssertionError(f"no vLLM EngineCore among the engine's processes {pids}")
+
+
 def alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -125,7 +137,9 @@ class Chaos:
         self.hold_s: float = opts["hold_s"]
         self.recover_s: float = opts["recover_s"]
         self.faults: list[dict[str, Any]] = []
-        self.engines_seen: dict[int, float] = {}  # pid -> start time, of every engine core /stats named
+        self.engines_seen: dict[int, float] = {}  # pid -> start time, of every engine process /stats named
+        run = cfg.train.run
+        self.moved_on = run.num_workers * (cfg.train.states.prefetch + 2)  # step lines
 
     def now(self) -> float:
         return round(time.monotonic() - self.start, 1)
@@ -155,10 +169,18 @@ class Chaos:
         return "timeout"
 
     def stats(self) -> dict[str, Any] | None:
+        """The service's /stats, its engine processes noted (to find them later if they outlive it); None when it does
+        not answer."""
         try:
-            return json.loads(urllib.request.urlopen(self.stats_url, timeout=5).read())
+            stats = json.loads(urllib.request.urlopen(self.stats_url, timeout=5).read())
         except (OSError, ValueError):
             return None
+        for pid in stats["engine_pids"]:
+            try:
+                self.engines_seen[pid] = psutil.Process(pid).create_time()
+            except psutil.Error:
+                pass
+        return stats
 
     def inject(self, kind: str) -> dict[str, Any] | None:
         """The fault, if its target is there now; None to try again shortly."""
@@ -166,12 +188,9 @@ class Chaos:
             stats = self.stats()
             if stats is None or not stats["engine_pids"]:
                 return None
-            for pid in stats["engine_pids"]:
-                if alive(pid):
-                    self.engines_seen[pid] = psutil.Process(pid).create_time()
-            pid = stats["engine_pids"][0] if kind == "engine" else stats["pid"]
+            pid = stats["pid"] if kind == "replica" else engine_core(stats["engine_pids"])
             os.kill(pid, signal.SIGKILL)
-            return {"pid": pid}
+            return {"pid": pid, "replica": stats["pid"]}
         if kind == "worker":
             attempts = read_attempts(self.steps) if self.steps.fs.exists(self.steps.path()) else {}
             if not attempts:
@@ -248,7 +267,15 @@ class Chaos:
         log(f"fault {kind}: {fault}")
         if kind == "driver":
             self.wait(lambda: len(self.job.ids) > fault["jobs_before"], 60)  # submitted again by status()
-        ended = self.wait(lambda: self.step_lines()[0] > lines + 2, self.recover_s)  # steps after those in flight
+        if kind in ("engine", "replica"):  # Serve replaces the replica
+            ended = self.wait(
+                lambda: (self.stats() or {"pid": fault["replica"]})["pid"] != fault["replica"], self.recover_s
+            )
+            fault["replica_replaced_s"] = round(self.now() - fault["at_s"], 1) if ended == "ok" else None
+            if ended in ("done", "failed"):
+                return ended
+        # Steps past those whose states were in flight when it struck: training goes on.
+        ended = self.wait(lambda: self.step_lines()[0] > lines + self.moved_on, self.recover_s)
         fault["recovered_s"] = round(self.now() - fault["at_s"], 1) if ended == "ok" else None
         return ended
 
@@ -369,7 +396,9 @@ def run_chaos(
         if eval_json.exists():
             doc = json.loads(eval_json.read_text())
             report["tau"] = {str(g["temperature"]): g["tau"] for g in doc["vllm"]}
-        report["job_log_tail"] = job.logs[-4000:] if job.logs else job.client.get_job_logs(job.ids[-1])[-4000:]
+        for i, submission in enumerate(job.ids):  # every job's whole log, beside the report
+            (out / f"job-{i}.log").write_text(job.client.get_job_logs(submission))
+        report["job_log_tail"] = (out / f"job-{len(job.ids) - 1}.log").read_text()[-4000:]
     finally:
         cluster.stop()
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
