@@ -2,6 +2,8 @@
 
     {train.output}/
       pipeline/{stage}.json  completion records of the one-job pipeline (raypipe.pipeline)
+      service.json           while a job of this run has the hidden-state service it deployed up: a resubmitted job
+                             stops that service too (raypipe.pipeline.train_stage)
       replies/               on-policy replies of needs_response rows (raypipe.train.replies)
       vocab/                 the draft vocabulary's mapping, with train.drafter.draft_vocab_size
                              (raypipe.train.vocab)
