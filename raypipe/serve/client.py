@@ -6,10 +6,11 @@ one) and yields results in submission order. Each request names this
 process's node and pid, so a replica on the same node hands the states over
 as files this process owns (raypipe.serve.transport), and one elsewhere sends
 arrays. A request that times out is cancelled (the replica aborts it in the
-engine) and resubmitted; one whose replica died is resubmitted, with
-exponential backoff; each batch's result is yielded exactly once. An error
-the replica raised (a refused request, a failed check) is deterministic and
-raised at once.
+engine) and resubmitted; one whose replica died, or whose replica's engine
+died (vLLM's EngineDeadError: the replica fails its health check and Serve
+replaces it), is resubmitted, with exponential backoff; each batch's result is
+yielded exactly once. Any other error the replica raised (a refused request, a
+failed check) is deterministic and raised at once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+ENGINE_DEAD = "EngineDeadError"  # vLLM's, matched by name: the trainer's process need not import vLLM
+
+
+def _engine_died(err: BaseException) -> bool:
+    """The replica raised vLLM's EngineDeadError (its engine core is gone; the replica is about to be replaced)."""
+    return isinstance(err, RayTaskError) and any(c.__name__ == ENGINE_DEAD for c in type(err).__mro__)
 
 
 class HiddenStateClient:
@@ -48,8 +56,9 @@ class HiddenStateClient:
                 return []
             try:
                 return response.result(timeout_s=self.timeout_s)
-            except (GetTimeoutError, TimeoutError, RayActorError):  # timed out (cancelled below) or the replica is gone
-                if attempt == self.retries:
+            except (GetTimeoutError, TimeoutError, RayActorError, RayTaskError) as err:
+                # timed out (cancelled below), the replica is gone, or its engine is
+                if attempt == self.retries or (isinstance(err, RayTaskError) and not _engine_died(err)):
                     raise
                 response.cancel()
                 time.sleep(self.backoff_s * 2**attempt)
