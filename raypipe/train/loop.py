@@ -335,3 +335,4 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         Trainer(w, plan_epochs(w)).run()
     finally:
         release_owner(os.getpid())  # states handed over to this worker whose responses never reached it
+        reclaim_orphans()  # and the directory of a replica replaced meanwhile, once no live trainer owns files there
