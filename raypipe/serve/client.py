@@ -6,11 +6,12 @@ one) and yields results in submission order. Each request names this
 process's node and pid, so a replica on the same node hands the states over
 as files this process owns (raypipe.serve.transport), and one elsewhere sends
 arrays. A request that times out is cancelled (the replica aborts it in the
-engine) and resubmitted; one whose replica died, or whose replica's engine
-died (vLLM's EngineDeadError: the replica fails its health check and Serve
-replaces it), is resubmitted, with exponential backoff; each batch's result is
-yielded exactly once. Any other error the replica raised (a refused request, a
-failed check) is deterministic and raised at once.
+engine) and resubmitted; one whose replica died, whose replica's engine died
+(vLLM's EngineDeadError: the replica fails its health check and Serve
+replaces it), or whose states the engine failed to write (ShortStateFile: a
+full /dev/shm) is resubmitted, with exponential backoff; each batch's result
+is yielded exactly once. Any other error the replica raised (a refused
+request, a failed check) is deterministic and raised at once.
 """
 
 from __future__ import annotations
@@ -23,12 +24,17 @@ from typing import Any
 
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from raypipe.serve.transport import ShortStateFile
+
 ENGINE_DEAD = "EngineDeadError"  # vLLM's, matched by name: the trainer's process need not import vLLM
 
 
-def _engine_died(err: BaseException) -> bool:
-    """The replica raised vLLM's EngineDeadError (its engine core is gone; the replica is about to be replaced)."""
-    return isinstance(err, RayTaskError) and any(c.__name__ == ENGINE_DEAD for c in type(err).__mro__)
+def _transient(err: BaseException) -> bool:
+    """The replica raised vLLM's EngineDeadError (its engine core is gone; the replica is about to be replaced) or
+    ShortStateFile (the engine's write failed)."""
+    return isinstance(err, RayTaskError) and (
+        isinstance(err, ShortStateFile) or any(c.__name__ == ENGINE_DEAD for c in type(err).__mro__)
+    )
 
 
 class HiddenStateClient:
@@ -57,8 +63,8 @@ class HiddenStateClient:
             try:
                 return response.result(timeout_s=self.timeout_s)
             except (GetTimeoutError, TimeoutError, RayActorError, RayTaskError) as err:
-                # timed out (cancelled below), the replica is gone, or its engine is
-                if attempt == self.retries or (isinstance(err, RayTaskError) and not _engine_died(err)):
+                # timed out (cancelled below), the replica or its engine is gone, or the engine's write failed
+                if attempt == self.retries or (isinstance(err, RayTaskError) and not _transient(err)):
                     raise
                 response.cancel()
                 time.sleep(self.backoff_s * 2**attempt)

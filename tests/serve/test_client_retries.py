@@ -1,6 +1,7 @@
 """Which failures the client resubmits, against a stand-in handle (no cluster): a replica whose vLLM engine died is
-replaced by Serve, so its EngineDeadError is retried like a dead replica; the replica's other errors are raised at
-once (issue 40's chaos run: an engine core killed mid-epoch cost a worker-group restart before)."""
+replaced by Serve, so its EngineDeadError is retried like a dead replica, and so is a failed write of the states (a
+full /dev/shm); the replica's other errors are raised at once (issue 40's chaos run: an engine core killed mid-epoch,
+and /dev/shm filled for 5 s, each cost a worker-group restart before)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from ray.exceptions import RayTaskError
 
 from raypipe.serve.client import HiddenStateClient
+from raypipe.serve.transport import ShortStateFile
 
 
 class EngineDeadError(RuntimeError):
@@ -61,6 +63,12 @@ def test_a_dead_engine_is_retried_until_the_replaced_replica_answers() -> None:
     assert isinstance(dead, RayTaskError) and isinstance(dead, EngineDeadError)
     client = _client([dead, dead, ["states"]])
     assert client.extract([[1, 2, 3]]) == ["states"] and client.resubmitted == 2
+
+
+def test_a_failed_write_of_the_states_is_asked_again() -> None:
+    failed = _from_replica(ShortStateFile("state file /dev/shm/x was never written"))
+    client = _client([failed, ["states"]])
+    assert client.extract([[1, 2, 3]]) == ["states"] and client.resubmitted == 1
 
 
 def test_the_replicas_other_errors_are_raised_at_once() -> None:
