@@ -3,9 +3,11 @@ meets, then an audit that does not trust the job's own bookkeeping.
 
     python bench/chaos.py --seed 1 [--recipe demo] [--deadline-min 40] [key=value ...]
 
-The cluster (tests/local_cluster.py) sees a /dev/shm of its own, a `--shm-mib` tmpfs. Once training runs, each
-fault kind happens once, in a seeded random order (those that need the hidden-state service first, while epoch 0
-asks it for states), each a seeded random time after training moved on from the one before:
+The cluster (tests/local_cluster.py) sees a /dev/shm of its own, a `--shm-mib` tmpfs. Each fault kind happens
+once, at a time drawn from the seed on the training's own clock, its global step (so a slower machine shifts the
+faults with the run): those that need the hidden-state service first, in a seeded order, while epoch 0 asks it for
+states (later epochs read the state cache in hybrid mode), then the others up to 80% of the steps. A fault waits
+until training has moved on from the one before (Serve replaced the replica; steps past those in flight):
 
 - `engine`:  SIGKILL of the Serve replica's vLLM engine core (its pid from the service's /stats);
 - `replica`: SIGKILL of the Serve replica (its pid from /stats);
@@ -21,7 +23,8 @@ everything it started is stopped and the run is reported as failed. At the end, 
   registry's live records, and any vLLM EngineCore process among the cluster's), Serve replicas left;
 - τ from eval.json against the recorded clean demo runs (bench/results/demo.json, fresh_clone.json).
 It writes bench/results/chaos.json (`python -m bench.figures` quotes it) and runs/chaos/report.json, the whole
-report. tests/faults/test_chaos.py runs the same driver at CI's size.
+report. tests/faults/test_chaos.py runs the same driver at CI's size. The run's own settings (`CHAOS_OVERRIDES`):
+a checkpoint every 50 steps and room for 8 worker-group restarts; both are execution settings, trained the same.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import os
 import random
 import shlex
 import signal
+import subprocess
 import sys
 import time
 import urllib.request
@@ -133,26 +137,27 @@ class Chaos:
         self.deadline = self.start + deadline_s
         self.steps = RunFolders(Storage(cfg.train.output, {}), cfg.name).steps
         self.stats_url = f"http://127.0.0.1:{cfg.serve.http_port}/hidden_states/stats"
-        self.gap_s: tuple[float, float] = opts["gap_s"]
         self.hold_s: float = opts["hold_s"]
         self.recover_s: float = opts["recover_s"]
         self.faults: list[dict[str, Any]] = []
         self.engines_seen: dict[int, float] = {}  # pid -> start time, of every engine process /stats named
+        self.replicas_seen: set[int] = set()
         run = cfg.train.run
         self.moved_on = run.num_workers * (cfg.train.states.prefetch + 2)  # step lines
 
     def now(self) -> float:
         return round(time.monotonic() - self.start, 1)
 
-    def step_lines(self) -> tuple[int, int, int]:
-        """(step lines written, the last epoch, the last step) over every attempt and rank."""
-        count, epoch, step = 0, 0, 0
+    def step_lines(self) -> tuple[int, int, int, int]:
+        """(step lines written over every attempt and rank, the latest attempt's epoch and step, the steps it plans)."""
+        count, epoch, step, total = 0, 0, 0, 0
         if self.steps.fs.exists(self.steps.path()):
-            for lines in (lines for a in read_attempts(self.steps).values() for lines in a["ranks"].values()):
-                count += len(lines)
-                if lines:
-                    epoch, step = max((epoch, step), (lines[-1]["epoch"], lines[-1]["step"]))
-        return count, epoch, step
+            for attempt in read_attempts(self.steps).values():  # in start order: the latest last
+                count += sum(len(lines) for lines in attempt["ranks"].values())
+                last = [lines[-1] for lines in attempt["ranks"].values() if lines]
+                epoch, step = max((x["epoch"], x["step"]) for x in last) if last else (epoch, step)
+                total = attempt["total_steps"] or total
+        return count, epoch, step, total
 
     def wait(self, until: Callable[[], bool], limit_s: float) -> str:
         """Poll until `until()`, the job's end, or `limit_s`: `ok`, `done` (succeeded), `failed`, `timeout`."""
@@ -175,6 +180,7 @@ class Chaos:
             stats = json.loads(urllib.request.urlopen(self.stats_url, timeout=5).read())
         except (OSError, ValueError):
             return None
+        self.replicas_seen.add(stats["pid"])
         for pid in stats["engine_pids"]:
             try:
                 self.engines_seen[pid] = psutil.Process(pid).create_time()
@@ -234,34 +240,47 @@ class Chaos:
         filler.unlink()
         return {"filled_bytes": free, "left_bytes": left, "held_s": self.hold_s}
 
-    def run(self, kinds: list[str]) -> str:
-        """Inject every kind once; returns how the job ended: done, failed or timeout."""
+    def schedule(self, kinds: list[str], total: int) -> list[tuple[str, int]]:
+        """Each kind with the training step it strikes at, drawn from the seed: those that need the service first, in
+        epoch 0 when later epochs read the state cache (hybrid), else in the first half; then the others, up to 80%
+        of the run's steps."""
         service = [k for k in kinds if k in SERVICE_FAULTS]
         other = [k for k in kinds if k not in SERVICE_FAULTS]
         self.rng.shuffle(service)
         self.rng.shuffle(other)
+        epochs = self.cfg.train.schedule.epochs
+        first = total / epochs if self.cfg.train.states.mode == "hybrid" and epochs > 1 else total / 2
+        lo, mid, hi = max(1, round(0.1 * first)), round(0.9 * first), round(0.8 * total)
+        steps = sorted(self.rng.randint(lo, mid) for _ in service) + sorted(self.rng.randint(mid, hi) for _ in other)
+        return list(zip(service + other, steps))
+
+    def run(self, kinds: list[str]) -> str:
+        """Inject every kind once; returns how the job ended: done, failed or timeout."""
         self.job.submit()
         ended = self.wait(lambda: self.step_lines()[0] > 0, self.deadline - time.monotonic())
         log(f"training runs at {self.now()} s" if ended == "ok" else f"job {ended} before training")
-        for kind in service + other:
+        plan = self.schedule(kinds, self.step_lines()[3]) if ended == "ok" else []
+        log(f"faults at steps {plan}")
+        for kind, step in plan:
             if ended != "ok":
                 break
-            ended = self.one_fault(kind, round(self.rng.uniform(*self.gap_s), 1))
+            ended = self.one_fault(kind, step)
         if ended == "ok":
             ended = self.wait(lambda: False, self.deadline - time.monotonic())
         return ended
 
-    def one_fault(self, kind: str, delay: float) -> str:
-        """`delay` seconds on, the fault once its target is there, then until training moves on again."""
-        ended = self.wait(lambda: False, delay)
-        if ended != "timeout":  # the job ended during the delay
+    def one_fault(self, kind: str, at_step: int) -> str:
+        """Once training reaches `at_step` (the step the latest attempt trains), the fault as soon as its target is
+        there, then until training moves on again."""
+        ended = self.wait(lambda: self.step_lines()[2] >= at_step, self.deadline - time.monotonic())
+        if ended != "ok":
             return ended
         fault: dict[str, Any] = {}
         ended = self.wait(lambda: bool(fault.update(self.inject(kind) or {}) or fault), self.recover_s)
         if ended != "ok":
             return ended
-        lines, epoch, step = self.step_lines()
-        fault.update(kind=kind, at_s=self.now(), after_delay_s=delay, epoch=epoch, step=step)
+        lines, epoch, step, _ = self.step_lines()
+        fault.update(kind=kind, at_s=self.now(), planned_step=at_step, epoch=epoch, step=step)
         fault["utc"] = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self.faults.append(fault)
         log(f"fault {kind}: {fault}")
@@ -294,15 +313,20 @@ def prepared_ids(cfg: RaypipeConfig) -> list[str]:
     return [s for f in files for s in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()]
 
 
-def leftovers(cluster: LocalCluster, engines_seen: dict[int, float]) -> dict[str, list[Any]]:
+def leftovers(cluster: LocalCluster, chaos: Chaos) -> dict[str, list[Any]]:
     """What the job left once it ended: state files in the cluster's /dev/shm, live engine records and processes,
-    Serve replicas."""
+    Serve replicas. In the machine's own /dev/shm (no private one), only what this run's replicas and trainers own."""
     shm = cluster.shm()
-    files = sorted(str(p.relative_to(shm)) for d in shm.glob("raypipe-states-*") for p in [d, *d.rglob("*")])
+    ours = cluster.shm_bytes is not None
+    trainers = {pid for a in read_attempts(chaos.steps).values() for pid in a["pids"].values()}
+    dirs = [d for d in shm.glob("raypipe-states-*") if ours or int(d.name.split("-")[2]) in chaos.replicas_seen]
+    owned = [] if ours else [p for pid in trainers for p in shm.glob(f"raypipe-states-*/owner-{pid}")]
+    files = sorted({str(p.relative_to(shm)) for d in dirs + owned for p in [d, *d.rglob("*")]})
     records = []
     for path in shm.glob("raypipe-engines-*/*.json"):
-        doc = json.loads(path.read_text())
-        records += [e["pid"] for e in doc.get("engines", []) if alive(e["pid"])]
+        if ours or int(path.stem) in chaos.replicas_seen:
+            doc = json.loads(path.read_text())
+            records += [e["pid"] for e in doc.get("engines", []) if alive(e["pid"])]
     cores, replicas = [], []
     for p in cluster.processes():
         try:
@@ -313,13 +337,27 @@ def leftovers(cluster: LocalCluster, engines_seen: dict[int, float]) -> dict[str
             cores.append(p.pid)
         if "ServeReplica" in text and "HiddenStateService" in text:
             replicas.append(p.pid)
-    seen = [pid for pid, t in engines_seen.items() if alive(pid) and psutil.Process(pid).create_time() == t]
+    seen = [pid for pid, t in chaos.engines_seen.items() if alive(pid) and psutil.Process(pid).create_time() == t]
     return {
         "state_files": files,
         "engine_records_alive": sorted(set(records)),
         "engine_processes": sorted(set(cores) | set(seen)),
         "serve_replicas": sorted(replicas),
     }
+
+
+def private_shm_refused() -> str | None:
+    """Why this process cannot give a cluster a /dev/shm of its own (a tmpfs in a private mount namespace), or None."""
+    try:
+        done = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /dev/shm"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except OSError as err:
+        return f"unshare: {err}"
+    return None if done.returncode == 0 else f"unshare/mount refused: {done.stderr.strip()[-300:]}"
 
 
 def audit(cfg: RaypipeConfig, chaos: Chaos) -> dict[str, Any]:
@@ -352,8 +390,7 @@ def run_chaos(
     seed: int,
     kinds: list[str],
     deadline_s: float,
-    shm_mib: int = 512,
-    gap_s: tuple[float, float] = (5.0, 30.0),
+    shm_mib: int | None = 512,
     hold_s: float = 8.0,
     recover_s: float = 600.0,
     stages: str = "pipeline",
@@ -371,14 +408,18 @@ def run_chaos(
         *overrides,
     ]
     cfg = load_config(recipe, run)
+    refused = private_shm_refused() if shm_mib else "no --shm-mib"
+    skipped = {"shm": refused} if refused and "shm" in kinds else {}
+    kinds = [k for k in kinds if k not in skipped]
     scripts = ["jobs/pipeline.py"] if stages == "pipeline" else ["jobs/prepare_data.py", "jobs/train_drafter.py"]
     entrypoint = " && ".join(shlex.join([sys.executable, s, "--recipe", recipe, *run]) for s in scripts)
-    cluster = LocalCluster(out / "cluster", head_cpus=4, shm_bytes=shm_mib * 2**20)
+    cluster = LocalCluster(out / "cluster", head_cpus=4, shm_bytes=None if refused else shm_mib * 2**20)
     cluster.start()
     report: dict[str, Any] = {"recipe": recipe, "seed": seed, "overrides": run, "entrypoint": entrypoint}
+    report["skipped"] = skipped  # a fault that cannot be injected here, and why
     try:
         job = Job(cluster, entrypoint, scripts[-1] if stages == "pipeline" else "jobs/")
-        chaos = Chaos(cluster, job, cfg, seed, deadline_s, gap_s=gap_s, hold_s=hold_s, recover_s=recover_s)
+        chaos = Chaos(cluster, job, cfg, seed, deadline_s, hold_s=hold_s, recover_s=recover_s)
         ended = chaos.run(kinds)
         chaos.restarts_after()
         report.update(
@@ -390,7 +431,7 @@ def run_chaos(
             failed_by_themselves=job.failures,
         )
         time.sleep(2)  # a replica being deleted as the job ends
-        report["left"] = leftovers(cluster, chaos.engines_seen)
+        report["left"] = leftovers(cluster, chaos)
         report["audit"] = audit(cfg, chaos)
         eval_json = Path(cfg.train.output) / "eval" / "eval.json"
         if eval_json.exists():

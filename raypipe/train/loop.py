@@ -165,7 +165,7 @@ class Trainer:
         attempt = [new_attempt()]
         dist.broadcast_object_list(attempt, src=0)  # one id for this start of the group, shared by its ranks
         resumed = {"epoch": progress.epoch, "step": progress.step, "cursor": progress.cursor}
-        self.steplog = StepLog(w.folders.steps, attempt[0], w.rank, w.world, resumed)
+        self.steplog = StepLog(w.folders.steps, attempt[0], w.rank, w.world, resumed, self.total_steps)
         self.provenance = {
             "raypipe_version": __version__,
             "target": w.cfg.serve.model,

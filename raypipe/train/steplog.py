@@ -8,7 +8,8 @@ that sorts by its start time. Each rank appends to
 first a line saying where the attempt resumed from, then one line per optimizer
 step, right after it:
 
-    {"attempt": ..., "rank": 0, "pid": 123, "world": 2, "resumed": {"epoch": 0, "step": 50, "cursor": 100}}
+    {"attempt": ..., "rank": 0, "pid": 123, "world": 2, "resumed": {"epoch": 0, "step": 50, "cursor": 100},
+     "total_steps": 1183}
     {"step": 51, "epoch": 0, "cursor": 100, "ids": ["sample-7", "sample-12"]}
 
 (`step` counts optimizer steps over all epochs, 1-based; `cursor` is the
@@ -44,14 +45,17 @@ def new_attempt() -> str:
 class StepLog:
     """One rank's log of one attempt."""
 
-    def __init__(self, storage: Storage, attempt: str, rank: int, world: int, resumed: dict[str, int]) -> None:
+    def __init__(
+        self, storage: Storage, attempt: str, rank: int, world: int, resumed: dict[str, int], total_steps: int
+    ) -> None:
         self.storage, self.attempt, self.rank = storage, attempt, rank
         self.local = not is_url(storage.url)
         self.name = f"{attempt}.rank-{rank:04d}"
         self.lines: list[str] = []
         if self.local:
             os.makedirs(storage.path(), exist_ok=True)
-        self._append({"attempt": attempt, "rank": rank, "pid": os.getpid(), "world": world, "resumed": resumed})
+        head = {"attempt": attempt, "rank": rank, "pid": os.getpid(), "world": world, "resumed": resumed}
+        self._append({**head, "total_steps": total_steps})
 
     def _append(self, doc: dict[str, Any]) -> None:
         line = json.dumps(doc, separators=(",", ":")) + "\n"
@@ -76,7 +80,8 @@ class StepLog:
 
 
 def read_attempts(storage: Storage) -> dict[str, dict[str, Any]]:
-    """Every attempt in a run's step log: {attempt: {"resumed": ..., "ranks": {rank: [step lines]}}}."""
+    """Every attempt in a run's step log, in start order: {attempt: {"resumed", "total_steps", "pids": {rank: pid},
+    "ranks": {rank: [step lines]}}}."""
     attempts: dict[str, dict[str, Any]] = {}
     storage.refresh()
     for rel in storage.glob("*.jsonl"):
@@ -85,7 +90,7 @@ def read_attempts(storage: Storage) -> dict[str, dict[str, Any]]:
         for line in storage.read(rel).decode().splitlines():
             doc = json.loads(line)
             if "resumed" in doc:
-                entry["resumed"] = doc["resumed"]
+                entry["resumed"], entry["total_steps"] = doc["resumed"], doc["total_steps"]
                 entry["pids"][rank] = doc["pid"]
             else:
                 entry["ranks"].setdefault(rank, []).append(doc)

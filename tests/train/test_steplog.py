@@ -14,7 +14,7 @@ def _attempt(storage: Storage, world: int, resumed: int, steps: range, cursor_of
     """One attempt of `world` ranks resumed from step `resumed` that took `steps` (each rank one pack a step)."""
     attempt = new_attempt()
     logs = [
-        StepLog(storage, attempt, r, world, {"epoch": 0, "step": resumed, "cursor": resumed * world})
+        StepLog(storage, attempt, r, world, {"epoch": 0, "step": resumed, "cursor": resumed * world}, 40)
         for r in range(world)
     ]
     for step in steps:
