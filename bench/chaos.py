@@ -34,6 +34,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -397,7 +398,8 @@ def run_chaos(
 ) -> dict[str, Any]:
     """Start the cluster, submit the job, inject `kinds`, audit; stops everything it started. `stages`: `pipeline`
     (jobs/pipeline.py) or `train` (jobs/prepare_data.py, then jobs/train_drafter.py: no evaluation)."""
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)  # from nothing: an earlier run's data came through another working dir
+    out.mkdir(parents=True)
     port = free_port()
     run = [
         f"data.output={out}/prepared",

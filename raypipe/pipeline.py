@@ -214,7 +214,11 @@ def train_stage(cfg: RaypipeConfig) -> Trained:
         )
         if handle is None:
             root.write_json(SERVICE_RECORD, {"deploying_since": time.time()})  # before: a job killed while deploying
-            handle = ensure_service(cfg.serve)
+            try:
+                handle = ensure_service(cfg.serve)
+            except BaseException:
+                root.fs.rm(root.path(SERVICE_RECORD))  # none runs: a later service is not this run's
+                raise
         canary = handle.stats.remote().result()["canary"]
         logger("train").info(f"service {canary or 'canary off'}")
     try:
