@@ -3,11 +3,15 @@
     {train.output}/
       pipeline/{name}/{stage}.json
                              completion records of the one-job pipeline (raypipe.pipeline)
+      service/{name}.json    while a job of this run has the hidden-state service it deployed up: a resubmitted job
+                             stops that service too (raypipe.pipeline.train_stage)
       replies/               on-policy replies of needs_response rows (raypipe.train.replies)
       vocab/{name}/          the draft vocabulary's mapping, with train.drafter.draft_vocab_size
                              (raypipe.train.vocab)
       ray_train/{name}/      Ray Train's run: its state and checkpoints (raypipe.train.launcher)
       ledger/{name}/         what each rank trained, and the training curve (raypipe.train.ledger)
+      steps/{name}/          every optimizer step's samples, per attempt and rank, never rewritten: the audit of
+                             what the final model saw (raypipe.train.steplog)
       tensorboard/{name}/    TensorBoard's event files, with `train.run.trackers: [tensorboard]`
                              (raypipe.train.trackers)
       mlflow/, wandb/        MLflow's file store and W&B's offline runs, when their trackers write locally
@@ -64,6 +68,10 @@ class RunFolders:
     @property
     def ledger(self) -> Storage:
         return self.root.child(f"ledger/{self.name}")
+
+    @property
+    def steps(self) -> Storage:
+        return self.root.child(f"steps/{self.name}")
 
     @property
     def tensorboard(self) -> Storage:

@@ -36,6 +36,7 @@ import raypipe
 from raypipe.config import DataConfig, RaypipeConfig, fingerprint, trained_settings
 from raypipe.console import logger
 from raypipe.layout import RunFolders
+from raypipe.storage import Storage
 from raypipe.target import target_digest
 
 
@@ -201,21 +202,56 @@ def replies_stage(cfg: RaypipeConfig) -> Replied:
     return Replied(shards=done["shards"], replies=done["replies"], tokens=done["tokens"])
 
 
+def _service_record(cfg: RaypipeConfig) -> str:
+    """Under train.output: the service a job of this run deployed and has not deleted yet."""
+    return f"service/{cfg.name}.json"
+
+
+def _deployed_at() -> float | None:
+    """When the running hidden-state service was deployed (Serve's own record), None if none is."""
+    from ray import serve
+
+    from raypipe.serve.deployment import APP_NAME
+
+    app = serve.status().applications.get(APP_NAME)
+    return app.last_deployed_time_s if app is not None else None
+
+
+def _inherited(root: Storage, record: str) -> bool:
+    """The running service was deployed by an earlier job of this run (killed before it could delete it): deployed
+    after that job recorded it was deploying one."""
+    if not root.exists(record):
+        return False
+    deployed = _deployed_at()
+    return deployed is not None and deployed >= root.read_json(record)["deploying_since"]
+
+
 def train_stage(cfg: RaypipeConfig) -> Trained:
     """Training with the service up: started here unless one for this target already runs, and then stopped again,
-    so that no replica holds its GPUs (and their nodes) after the run."""
+    so that no replica holds its GPUs (and their nodes) after the run. A service that an earlier job of this run
+    started is stopped too: that job was killed (or its driver died) before it could stop it."""
     from ray import serve
 
     from raypipe.serve.deployment import APP_NAME, attach_service, ensure_service
     from raypipe.train.launcher import run_training
 
-    started, canary = False, None
+    started, canary, root, record = False, None, RunFolders.of(cfg).root, _service_record(cfg)
     if cfg.train.states.mode != "offline":
         handle = attach_service(cfg.serve)  # checks a running service serves this target
-        started = handle is None
-        logger("train").info(f"{'starting' if started else 'attached to'} the hidden-state service")
-        if started:
-            handle = ensure_service(cfg.serve)
+        inherited = handle is not None and _inherited(root, record)
+        started = handle is None or inherited
+        logger("train").info(
+            "starting the hidden-state service"
+            if handle is None
+            else f"attached to the hidden-state service{' an earlier job of this run started' if inherited else ''}"
+        )
+        if handle is None:
+            root.write_json(record, {"deploying_since": time.time()})  # before: a job killed while deploying
+            try:
+                handle = ensure_service(cfg.serve)
+            except BaseException:
+                root.fs.rm(root.path(record))  # none runs: a later service is not this run's
+                raise
         canary = handle.stats.remote().result()["canary"]
         logger("train").info(f"service {canary or 'canary off'}")
     try:
@@ -223,6 +259,7 @@ def train_stage(cfg: RaypipeConfig) -> Trained:
     finally:
         if started:
             serve.delete(APP_NAME)  # its CPUs or GPUs go back to the evaluation (and the autoscaler)
+            root.fs.rm(root.path(record))
     if result.error is not None:
         raise RuntimeError(f"training failed: {result.error}")
     m = result.metrics

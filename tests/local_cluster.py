@@ -6,6 +6,12 @@ the node type's resources). Ray's own `AutoscalingCluster` reads a file the
 wheel does not ship and runs `ray stop --force`, which would also kill the
 test session's cluster; this one uses its own ports and temp dir and stops
 only its own processes (and their children, such as vLLM engine cores).
+
+With `shm_bytes` its processes see a /dev/shm of their own: a tmpfs of that
+size in a private mount namespace (`unshare --mount`; needs root), which goes
+away with the cluster. A chaos run fills it without touching the machine's
+/dev/shm (bench/chaos.py); Ray's object store does not fit there and goes to
+the temp dir, as Ray does on any node whose /dev/shm is small.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ class LocalCluster:
         node_types: dict[str, Any] | None = None,
         idle_timeout_minutes: float = 0.5,
         auth: dict[str, str] | None = None,
+        shm_bytes: int | None = None,
     ) -> None:
         self.root = root
+        self.shm_bytes = shm_bytes
         self.auth = auth or {"RAY_AUTH_MODE": "disabled"}
         self.head_cpus = head_cpus
         self.node_types = node_types
@@ -116,6 +124,9 @@ class LocalCluster:
         if self.node_types:
             cmd.append(f"--autoscaling-config={self._autoscaling_config()}")
             extra.update(AUTOSCALER_UPDATE_INTERVAL_S="1", RAY_FAKE_CLUSTER="1")
+        if self.shm_bytes:
+            mount = f'mount -t tmpfs -o size={self.shm_bytes},mode=1777 tmpfs /dev/shm && exec "$@"'
+            cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", *cmd]
         done = subprocess.run(cmd, env=self.env(**extra), capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, f"ray start failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
 
@@ -142,6 +153,36 @@ class LocalCluster:
         ).stdout
         [line] = [x for x in out.splitlines() if "submitted successfully" in x]
         return line.split("'")[1]
+
+    def processes(self) -> list[psutil.Process]:
+        """This cluster's processes (their command lines name its temp dir) and all their descendants; with
+        `shm_bytes`, also every process in its mount namespace (a killed parent's orphans, re-parented)."""
+        mine = [p for p in psutil.process_iter(["cmdline"]) if str(self.temp_dir) in " ".join(p.info["cmdline"] or [])]
+        found = {p for root in mine for p in [root, *_children(root)]}
+        namespace = self._namespace()
+        if namespace is not None:
+            found |= {p for p in psutil.process_iter() if _namespace_of(p.pid) == namespace}
+        return list(found)
+
+    def _raylet(self) -> psutil.Process | None:
+        for p in psutil.process_iter(["name", "cmdline"]):
+            if p.info["name"] == "raylet" and str(self.temp_dir) in " ".join(p.info["cmdline"] or []):
+                return p
+        return None
+
+    def _namespace(self) -> str | None:
+        """The cluster's private mount namespace, while its raylet runs."""
+        raylet = self._raylet() if self.shm_bytes else None
+        return _namespace_of(raylet.pid) if raylet is not None else None
+
+    def shm(self) -> Path:
+        """The /dev/shm its processes see, from this process: with `shm_bytes`, the private one (through the raylet's
+        view of the file system)."""
+        if not self.shm_bytes:
+            return Path("/dev/shm")
+        raylet = self._raylet()
+        assert raylet is not None, "the cluster's raylet is not running"
+        return Path(f"/proc/{raylet.pid}/root/dev/shm")
 
     def job_client(self) -> Any:
         """A client of this cluster's job API. With token auth it sends the token of `RAY_AUTH_TOKEN_PATH` itself:
@@ -175,11 +216,10 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Kill this cluster's processes and their children; nothing else on the machine."""
-        mine = [p for p in psutil.process_iter(["cmdline"]) if str(self.temp_dir) in " ".join(p.info["cmdline"] or [])]
-        victims = {p for root in mine for p in [root, *_children(root)]}
+        victims = self.processes()
         for p in victims:
             _signal(p, "terminate")
-        _, alive = psutil.wait_procs(list(victims), timeout=3)  # a test cluster: nothing in it needs a longer goodbye
+        _, alive = psutil.wait_procs(victims, timeout=3)  # a test cluster: nothing in it needs a longer goodbye
         for p in alive:
             _signal(p, "kill")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
@@ -190,6 +230,13 @@ def _children(p: psutil.Process) -> list[psutil.Process]:
         return p.children(recursive=True)
     except psutil.Error:
         return []
+
+
+def _namespace_of(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
 
 
 def _signal(p: psutil.Process, how: str) -> None:

@@ -11,12 +11,15 @@ request, a failed check) is deterministic and raised at once.
 
 A request that times out is cancelled, which the replica turns into aborts in
 the engine (raypipe.serve.deployment), so its retry replaces its work instead
-of queueing behind it; one whose replica died is resubmitted. Retries wait a
-random time up to an exponentially growing bound (full jitter: clients that
-failed together do not come back together), and each attempt waits twice as
-long as the one before, up to 4 times the first, so a request that is slow
-rather than lost (long prefills under load) gets done instead of being
-restarted at the same deadline every time. Files a cancelled request was
+of queueing behind it. One whose replica died, whose replica's engine died
+(vLLM's EngineDeadError: the replica fails its health check and Serve
+replaces it), or whose states the engine failed to write (ShortStateFile: a
+full /dev/shm) is resubmitted. Retries wait a random time up to an
+exponentially growing bound (full jitter: clients that failed together do not
+come back together), and each attempt waits twice as long as the one before,
+up to 4 times the first, so a request that is slow rather than lost (long
+prefills under load) gets done instead of being restarted at the same
+deadline every time. Files a cancelled request was
 handed anyway (the replica had finished it as the cancel came) are removed
 by name at the next results.
 """
@@ -30,9 +33,19 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from raypipe.serve.transport import STALE_S, process_identity, release_request
+from raypipe.serve.transport import STALE_S, ShortStateFile, process_identity, release_request
+
+ENGINE_DEAD = "EngineDeadError"  # vLLM's, matched by name: the trainer's process need not import vLLM
+
+
+def _transient(err: BaseException) -> bool:
+    """The replica raised vLLM's EngineDeadError (its engine core is gone; the replica is about to be replaced) or
+    ShortStateFile (the engine's write failed)."""
+    return isinstance(err, RayTaskError) and (
+        isinstance(err, ShortStateFile) or any(c.__name__ == ENGINE_DEAD for c in type(err).__mro__)
+    )
 
 
 class HiddenStateClient:
@@ -65,8 +78,9 @@ class HiddenStateClient:
             tag, response = submitted
             try:
                 states = response.result(timeout_s=self.timeout_s * min(2**attempt, 4))
-            except (GetTimeoutError, TimeoutError, RayActorError):  # timed out (cancelled below) or the replica is gone
-                if attempt == self.retries:
+            except (GetTimeoutError, TimeoutError, RayActorError, RayTaskError) as err:
+                # timed out (cancelled below), the replica or its engine is gone, or the engine's write failed
+                if attempt == self.retries or (isinstance(err, RayTaskError) and not _transient(err)):
                     raise
                 response.cancel()
                 self.cancelled[tag] = (len(batch), time.monotonic() + STALE_S)

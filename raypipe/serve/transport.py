@@ -127,7 +127,19 @@ def _wait_for_writer(path: str) -> None:
 
 
 class ShortStateFile(OSError):
-    """A state file shorter than its header says: the engine's write was cut short."""
+    """A state file shorter than its header says, or missing: the engine's write was cut short or failed. Transient
+    as its usual cause is (a full /dev/shm), the client asks again (raypipe.serve.client)."""
+
+
+def _check_written(path: str) -> None:
+    """The engine wrote the file at all: a write that fails at once leaves none (seen with /dev/shm full: vLLM logs
+    "Hidden-states write failed ... SafetensorError" and the request finishes all the same)."""
+    if not os.path.exists(path):
+        raise ShortStateFile(
+            f"state file {path} was never written: the engine's write failed (vLLM logs 'Hidden-states write "
+            f"failed'); the usual cause is a full {Path(path).parent.parent} (check `df -h /dev/shm`: Ray's object "
+            "store shares it)"
+        )
 
 
 def _check_complete(path: str, start: int, header: dict[str, Any]) -> None:
@@ -174,6 +186,7 @@ def hand_over(path: str, expected_ids: list[int], owner: str) -> StateFile:
     if not IDENTITY.fullmatch(owner):  # it names a directory: never a path of the caller's choosing
         raise ValueError(f"owner {owner!r} is not a process identity (pid.start.namespace): pass process_identity()")
     _wait_for_writer(path)
+    _check_written(path)
     start, header = _header(path)
     _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)
@@ -188,6 +201,7 @@ def hand_over(path: str, expected_ids: list[int], owner: str) -> StateFile:
 def read_array(path: str, expected_ids: list[int]) -> np.ndarray:
     """Other node: the finished file's states as an array (bf16 as its bits, uint16), the file removed."""
     _wait_for_writer(path)
+    _check_written(path)
     start, header = _header(path)
     _check_complete(path, start, header)
     _check_ids(path, start, header, expected_ids)

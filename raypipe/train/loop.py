@@ -18,7 +18,9 @@
 5. Checkpoints every `checkpoint_every` steps, at each epoch end and at the
    end, with the ledger of the samples trained since the last one
    (raypipe.train.ledger). A restarted group resumes at the checkpoint's data
-   cursor, so every planned sample of an epoch is trained exactly once.
+   cursor, so every planned sample of an epoch is trained exactly once. Apart
+   from the ledger, each rank appends every step's samples to the step log
+   (raypipe.train.steplog), an audit of that which never relies on the ledger.
    Each checkpoint is scored by its interval's mean training loss
    (`train_loss`): Ray Train keeps the best ones beside the latest, and
    export takes the best (raypipe.train.launcher).
@@ -60,6 +62,7 @@ from raypipe.train.plan import EpochPlan, plan_epoch, total_steps
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import Progress, TrainState, place_drafter, precision, train_step
+from raypipe.train.steplog import StepLog, new_attempt
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
 
@@ -158,6 +161,10 @@ class Trainer:
         if w.rank == 0:
             self.ledger.drop_after(progress.epoch, progress.cursor)
         dist.barrier()
+        attempt = [new_attempt()]
+        dist.broadcast_object_list(attempt, src=0)  # one id for this start of the group, shared by its ranks
+        resumed = {"epoch": progress.epoch, "step": progress.step, "cursor": progress.cursor}
+        self.steplog = StepLog(w.folders.steps, attempt[0], w.rank, w.world, resumed, self.total_steps)
         self.provenance = {
             "raypipe_version": __version__,
             "target": w.cfg.serve.model,
@@ -252,6 +259,7 @@ class Trainer:
         import ray.train
 
         self.ledger.flush(self.state.progress.cursor)
+        self.steplog.flush()
         interval = self.since_checkpoint
         with tempfile.TemporaryDirectory() as tmp:
             save_checkpoint(Path(tmp), self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
@@ -302,7 +310,9 @@ class Trainer:
         lr = self.state.optimizer.param_groups[0]["lr"]
         real = step.index is not None
         model_metrics = train_step(self.state, batch, self.anchors(step), weight=1.0 if real else 0.0)
-        self.ledger.add(progress.epoch, progress.cursor, [r.sample_id for r in step.rows] if real else [])
+        ids = [r.sample_id for r in step.rows] if real else []
+        self.ledger.add(progress.epoch, progress.cursor, ids)
+        self.steplog.add(progress.epoch, progress.step + 1, progress.cursor, ids)
         progress.step += 1
         progress.cursor = min(progress.cursor + self.w.world, len(plan.packs))
         tokens = float(batch["input_ids"].shape[1]) if real else 0.0
@@ -325,3 +335,4 @@ def train_worker(loop_config: dict[str, Any]) -> None:
         Trainer(w, plan_epochs(w)).run()
     finally:
         release_owner(process_identity())  # states handed over to this worker whose responses never reached it
+        reclaim_orphans()  # and the directory of a replica replaced meanwhile, once no live trainer owns files there

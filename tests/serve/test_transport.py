@@ -104,6 +104,18 @@ def test_a_state_file_cut_short_is_refused_at_once_naming_dev_shm(directory: Pat
     assert not Path(path).exists() and not (directory / f"{OWNER}{process_identity()}").exists()
 
 
+@pytest.mark.parametrize("deliver", ["cross_node", "same_node"])
+def test_a_state_file_never_written_is_refused_naming_dev_shm(directory: Path, deliver: str) -> None:
+    """A write that fails at once (issue 40's chaos run, /dev/shm full: vLLM logs "Hidden-states write failed" and
+    finishes the request) leaves no file: refused by name (the client asks again), not a bare FileNotFoundError."""
+    path = str(directory / "req.safetensors")
+    with pytest.raises(ShortStateFile, match=r"never written.*/dev/shm"):
+        if deliver == "cross_node":
+            read_array(path, [1, 2, 3])
+        else:
+            hand_over(path, [1, 2, 3], owner_pid=os.getpid())
+
+
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
