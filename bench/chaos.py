@@ -314,18 +314,23 @@ def prepared_ids(cfg: RaypipeConfig) -> list[str]:
     return [s for f in files for s in pq.read_table(f, columns=["sample_id"]).column("sample_id").to_pylist()]
 
 
+def _pid(identity: str) -> int:
+    """The pid of a process identity (pid.start.namespace) or of an engine record's name (pid.namespace)."""
+    return int(identity.split(".")[0])
+
+
 def leftovers(cluster: LocalCluster, chaos: Chaos) -> dict[str, list[Any]]:
     """What the job left once it ended: state files in the cluster's /dev/shm, live engine records and processes,
     Serve replicas. In the machine's own /dev/shm (no private one), only what this run's replicas and trainers own."""
     shm = cluster.shm()
     ours = cluster.shm_bytes is not None
     trainers = {pid for a in read_attempts(chaos.steps).values() for pid in a["pids"].values()}
-    dirs = [d for d in shm.glob("raypipe-states-*") if ours or int(d.name.split("-")[2]) in chaos.replicas_seen]
-    owned = [] if ours else [p for pid in trainers for p in shm.glob(f"raypipe-states-*/owner-{pid}")]
+    dirs = [d for d in shm.glob("raypipe-states-*") if ours or _pid(d.name.split("-")[2]) in chaos.replicas_seen]
+    owned = [] if ours else [p for pid in trainers for p in shm.glob(f"raypipe-states-*/owner-{pid}.*")]
     files = sorted({str(p.relative_to(shm)) for d in dirs + owned for p in [d, *d.rglob("*")]})
     records = []
     for path in shm.glob("raypipe-engines-*/*.json"):
-        if ours or int(path.stem) in chaos.replicas_seen:
+        if ours or _pid(path.stem) in chaos.replicas_seen:
             doc = json.loads(path.read_text())
             records += [e["pid"] for e in doc.get("engines", []) if alive(e["pid"])]
     cores, replicas = [], []

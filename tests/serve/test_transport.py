@@ -113,7 +113,7 @@ def test_a_state_file_never_written_is_refused_naming_dev_shm(directory: Path, d
         if deliver == "cross_node":
             read_array(path, [1, 2, 3])
         else:
-            hand_over(path, [1, 2, 3], owner_pid=os.getpid())
+            hand_over(path, [1, 2, 3], process_identity())
 
 
 def _dead_pid() -> int:
