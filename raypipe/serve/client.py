@@ -14,9 +14,11 @@ the engine (raypipe.serve.deployment), so its retry replaces its work instead
 of queueing behind it. One whose replica died, whose replica's engine died
 (vLLM's EngineDeadError: the replica fails its health check and Serve
 replaces it), or whose states the engine failed to write (ShortStateFile: a
-full /dev/shm) is resubmitted. Retries wait a random time up to an
-exponentially growing bound (full jitter: clients that failed together do not
-come back together), and each attempt waits twice as long as the one before,
+full /dev/shm) is resubmitted, for as long as Serve may take to replace the
+replica (REPLACE_S) however many tries that takes. Retries wait a random time
+up to an exponentially growing bound (full jitter: clients that failed
+together do not come back together), and each attempt waits twice as long as
+the one before,
 up to 4 times the first, so a request that is slow rather than lost (long
 prefills under load) gets done instead of being restarted at the same
 deadline every time. Files a cancelled request was
@@ -37,6 +39,10 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from raypipe.serve.transport import STALE_S, ShortStateFile, process_identity, release_request
 
+MAX_BACKOFF_S = 10.0
+# A replica lost (dead, or its engine dead) is asked again for at least this long, whatever the retry count: Serve
+# notices by its health check and starts a new replica, whose engine takes minutes to load a large target.
+REPLACE_S = 600.0
 ENGINE_DEAD = "EngineDeadError"  # vLLM's, matched by name: the trainer's process need not import vLLM
 
 
@@ -50,7 +56,13 @@ def _transient(err: BaseException) -> bool:
 
 class HiddenStateClient:
     def __init__(
-        self, handle: Any, max_in_flight: int = 4, timeout_s: float = 300.0, retries: int = 6, backoff_s: float = 0.5
+        self,
+        handle: Any,
+        max_in_flight: int = 4,
+        timeout_s: float = 300.0,
+        retries: int = 6,
+        backoff_s: float = 0.5,
+        replace_s: float = REPLACE_S,
     ) -> None:
         import ray
 
@@ -59,6 +71,7 @@ class HiddenStateClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        self.replace_s = replace_s
         self.resubmitted = 0
         self.where = {"node_id": ray.get_runtime_context().get_node_id(), "owner": process_identity()}
         # tag of a cancelled request: (its sequences not yet found handed over, until when they are looked for)
@@ -72,25 +85,30 @@ class HiddenStateClient:
         return tag, self.handle.extract.remote(batch, tag=tag, **self.where)
 
     def _result(self, batch: list[list[int]], submitted: tuple[str, Any] | None) -> list[Any]:
-        for attempt in range(self.retries + 1):
-            if submitted is None:
-                return []
+        attempt, lost_since = 0, None
+        while submitted is not None:
             tag, response = submitted
             try:
                 states = response.result(timeout_s=self.timeout_s * min(2**attempt, 4))
             except (GetTimeoutError, TimeoutError, RayActorError, RayTaskError) as err:
                 # timed out (cancelled below), the replica or its engine is gone, or the engine's write failed
-                if attempt == self.retries or (isinstance(err, RayTaskError) and not _transient(err)):
+                if isinstance(err, RayTaskError) and not _transient(err):
+                    raise
+                if lost_since is None and not isinstance(err, (GetTimeoutError, TimeoutError)):
+                    lost_since = time.monotonic()
+                replaced = lost_since is None or time.monotonic() - lost_since >= self.replace_s
+                if attempt >= self.retries and replaced:
                     raise
                 response.cancel()
                 self.cancelled[tag] = (len(batch), time.monotonic() + STALE_S)
-                time.sleep(self._jitter.uniform(0, self.backoff_s * 2**attempt))
+                time.sleep(self._jitter.uniform(0, min(self.backoff_s * 2**attempt, MAX_BACKOFF_S)))
                 self.resubmitted += 1
+                attempt += 1
                 submitted = self._submit(batch)
                 continue
             self._release_cancelled()
             return states
-        raise AssertionError("unreachable")
+        return []
 
     def _release_cancelled(self) -> None:
         """Remove what cancelled requests were handed anyway; a request's files arrive together or not at all, but

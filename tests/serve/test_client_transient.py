@@ -61,8 +61,10 @@ def no_ray(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ray.get_runtime_context", _Context)  # no Ray runtime context needed
 
 
-def _client(outcomes: list[Any]) -> HiddenStateClient:
-    return HiddenStateClient(_Handle(outcomes), max_in_flight=4, timeout_s=1.0, retries=3, backoff_s=0.0)
+def _client(outcomes: list[Any], replace_s: float = 0.0) -> HiddenStateClient:
+    return HiddenStateClient(
+        _Handle(outcomes), max_in_flight=4, timeout_s=1.0, retries=3, backoff_s=0.0, replace_s=replace_s
+    )
 
 
 def test_a_dead_engine_is_retried_until_the_replaced_replica_answers() -> None:
@@ -91,3 +93,11 @@ def test_a_dead_engine_that_stays_dead_is_raised_after_the_retries() -> None:
     with pytest.raises(EngineDeadError):
         client.extract([[1]])
     assert client.resubmitted == 3
+
+
+def test_a_lost_replica_is_asked_again_until_it_may_have_been_replaced_whatever_the_retry_count() -> None:
+    """Serve replaces a replica whose engine died after its health check fails, then a new engine starts: that took 39 s
+    on the demo, longer than the retries' sleeps (the CI chaos run lost its trainers after 3 quick retries)."""
+    dead = _from_replica(EngineDeadError("EngineCore encountered an issue."))
+    client = _client([dead] * 6 + [["states"]], replace_s=60.0)
+    assert client.extract([[1]]) == ["states"] and client.resubmitted == 6
