@@ -18,11 +18,12 @@ full /dev/shm) is resubmitted, for as long as Serve may take to replace the
 replica (REPLACE_S) however many tries that takes. Retries wait a random time
 up to an exponentially growing bound (full jitter: clients that failed
 together do not come back together), and each attempt waits twice as long as
-the one before, up to 4 times the first, so a request that is slow rather
-than lost (long prefills under load) gets done instead of being restarted at
-the same deadline every time. Files a cancelled request was handed anyway
-(the replica had finished it as the cancel came) are removed by name at the
-next results.
+the one before,
+up to 4 times the first, so a request that is slow rather than lost (long
+prefills under load) gets done instead of being restarted at the same
+deadline every time. Files a cancelled request was
+handed anyway (the replica had finished it as the cancel came) are removed
+by name at the next results.
 """
 
 from __future__ import annotations

@@ -207,19 +207,18 @@ class HiddenStateService:
         except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()
-            self._abandon(names)
+            self._abandon([str(self.directory / f"{name}.safetensors") for name in names])
             raise
         if any(isinstance(r, BaseException) for r in results):
             await asyncio.to_thread(discard_all, [p for p in results if isinstance(p, str)])
             raise next(r for r in results if isinstance(r, BaseException))
         return list(results)
 
-    def _abandon(self, names: list[str]) -> None:
-        """The files of aborted engine requests, by name, which the engine may still write (what it had computed):
-        removed by the periodic sweep once written, forgotten after the stale age (one aborted before it ran writes
-        none)."""
-        for name in names:
-            self._abandoned[str(self.directory / f"{name}.safetensors")] = time.monotonic() + STALE_S
+    def _abandon(self, paths: list[str]) -> None:
+        """Files an aborted request may still get (the engine writes what it had computed): removed by the periodic
+        sweep once written, forgotten after the stale age (a request aborted before it ran writes none)."""
+        for path in paths:
+            self._abandoned[path] = time.monotonic() + STALE_S
         self._later(self._sweep_soon())
 
     async def _sweep_soon(self, every_s: float = 0.5, times: int = 20) -> None:
@@ -298,7 +297,7 @@ class HiddenStateService:
         except asyncio.CancelledError:
             for task in tasks:
                 task.cancel()  # aborted in the engine, as in _paths
-            self._abandon(names)
+            self._abandon([str(self.directory / f"{name}.safetensors") for name in names])
             raise
         self._served("generate", prompts, start)
         return list(replies)
