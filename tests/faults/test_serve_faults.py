@@ -86,6 +86,14 @@ def _settled(service: Any, owner: bool = True, timeout_s: float = 60) -> tuple[d
         time.sleep(0.5)
 
 
+def _in_the_engine(service: Any, timeout_s: float = 60) -> None:
+    """Wait until the replica has sequences inside its engine."""
+    deadline = time.monotonic() + timeout_s
+    while service.stats.remote().result(timeout_s=RESULT_TIMEOUT_S)["in_flight"] == 0:
+        assert time.monotonic() < deadline, "no sequence reached the engine"
+        time.sleep(0.05)
+
+
 def _batch(rng: random.Random) -> list[list[int]]:
     return [[rng.randrange(1, 150_000) for _ in range(rng.randrange(8, 200))] for _ in range(rng.randrange(1, 4))]
 
@@ -128,6 +136,7 @@ def test_a_cancelled_request_is_aborted_in_the_engine_and_leaves_no_file(service
     batches = [[[rng.randrange(1, 150_000) for _ in range(250)] for _ in range(8)] for _ in range(12)]
     before = service.stats.remote().result(timeout_s=RESULT_TIMEOUT_S)["aborted"]
     responses = [service.extract.remote(b, tag=f"abort-{i}", **_where(i % 2 == 0)) for i, b in enumerate(batches)]
+    _in_the_engine(service)  # a call cancelled before the replica runs it never reaches the engine: nothing to abort
     for response in responses:
         response.cancel()  # 96 sequences of 250 tokens: most are still waiting in the engine
     outcomes = [_outcome(b, r, cancelled=True) for b, r in zip(batches, responses)]
