@@ -124,6 +124,15 @@ PANELS = (
     ),
     Panel(
         "train",
+        "Acceptance length in vLLM during training",
+        "tokens",
+        f"ray_raypipe_train_vllm_tau{{{RUN}}}",
+        "{{run}} T={{temperature}}",
+        "τ of the current drafter measured in vLLM every eval.every_steps steps and at each checkpoint (the "
+        "checkpoints' score; below eval.min_tau it stops the run).",
+    ),
+    Panel(
+        "train",
         "Draft accuracy by position",
         "",
         f"ray_raypipe_train_accuracy{{{RUN}}}",

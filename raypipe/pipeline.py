@@ -54,15 +54,26 @@ def train_fingerprint(cfg: RaypipeConfig, manifest_sha256: str, target: str) -> 
     """The prepared data by content (the manifest's digest covers every shard's checksum), what the drafter is
     trained on and with (raypipe.config.trained_settings, as the resume check compares), the target's digest
     (`target`, raypipe.target.target_digest) and the raypipe version that trains. How the run executes (workers,
-    resources, intervals, where states come from) changes no drafter, so it re-runs nothing."""
+    resources, intervals, where states come from) changes no drafter, so it re-runs nothing. With τ measured during
+    training, what it measures joins: it picks the checkpoint exported and may stop the run."""
     return fingerprint(
         {
             "manifest_sha256": manifest_sha256,
             "target_digest": target,
             "raypipe_version": raypipe.__version__,
             **trained_settings(cfg.public_dump()),
+            **({"tau_during_training": _measured_in_training(cfg)} if cfg.eval.every_steps else {}),
         }
     )
+
+
+def _measured_in_training(cfg: RaypipeConfig) -> dict[str, Any]:
+    from raypipe.eval.prompts import prompts_digest
+
+    e = cfg.eval
+    probe = cfg.model_copy(update={"eval": e.model_copy(update={"num_prompts": min(e.probe_prompts, e.num_prompts)})})
+    settings = ("every_steps", "probe_prompts", "temperatures", "max_tokens", "min_tau", "patience")
+    return {"eval": {k: getattr(e, k) for k in settings}, "prompts": prompts_digest(probe)}
 
 
 def replies_fingerprint(cfg: RaypipeConfig, manifest_sha256: str, target: str) -> str:

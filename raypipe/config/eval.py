@@ -39,6 +39,35 @@ class EvalConfig(_Strict):
         default=None,
         description="Report directory (local or URL): eval.json and plots; default: {train.output}/eval/{name}.",
     )
+    every_steps: int | None = Field(
+        default=None,
+        gt=0,
+        description="Measure τ in vLLM during training every this many optimizer steps and at each checkpoint "
+        "(raypipe.eval.probe): the current drafter's weights reloaded into a warm engine with the target, the first "
+        "probe_prompts eval prompts at every eval.temperatures; checkpoints are then ranked by that τ at temperature 0 "
+        "and export takes the highest. None: only after training.",
+    )
+    probe_prompts: int = Field(
+        default=32, gt=0, description="Eval prompts (the first ones) each measurement during training generates."
+    )
+    min_tau: float | None = Field(
+        default=None,
+        ge=1,
+        description="τ in vLLM (temperature 0) below which a run stops once it has been measured `patience` times: "
+        "the drafter vLLM serves is not the one training improves. Default: the untrained drafter's τ, measured as "
+        "the engine starts, + 0.25 (raypipe.train.tau_rule.MARGIN).",
+    )
+    patience: int = Field(
+        default=3, gt=0, description="Measurements during training before eval.min_tau can stop the run."
+    )
+    probe_gpus: float | None = Field(
+        default=None,
+        ge=0,
+        description="GPUs of the engine that measures τ during training, on the Serve node type (serve.resource); "
+        "default serve.num_gpus (a GPU of its own). A fraction time-shares a GPU with the hidden-state service: "
+        "lower serve.gpu_memory_utilization so that both engines fit (the probe takes this fraction of the GPU's "
+        "memory).",
+    )
 
     @field_validator("concurrency")
     @classmethod

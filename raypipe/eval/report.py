@@ -17,6 +17,8 @@ import numpy as np
 matplotlib.use("Agg")  # files only: no display on cluster nodes
 import matplotlib.pyplot as plt  # noqa: E402
 
+from raypipe.train.tau_rule import TAU_PREFIX  # noqa: E402
+
 if TYPE_CHECKING:
     from raypipe.eval.offline import Replay
     from raypipe.eval.spec_decode import Generation
@@ -112,13 +114,17 @@ def measurements(
 
 
 def plot_training(steps: list[dict[str, float]], vllm_tau: float, path: Path) -> None:
-    """Loss and estimated τ against the step, with vLLM's measured greedy τ as a reference line."""
+    """Loss and estimated τ against the step, τ in vLLM measured during training (eval.every_steps) where it was,
+    and vLLM's greedy τ after training as a reference line."""
     x = [s["step"] for s in steps]
     fig, (loss_ax, tau_ax) = plt.subplots(1, 2, figsize=(11, 4))
     loss_ax.plot(x, [s["loss"] for s in steps], color="tab:blue")
     loss_ax.set(title="Training loss", xlabel="optimizer step", ylabel="loss (KL to the target)")
     loss_ax.set_yscale("log")
     tau_ax.plot(x, [s["tau_estimate"] for s in steps], color="tab:orange", label="training estimate (random anchors)")
+    for key in sorted({k for s in steps for k in s if k.startswith(TAU_PREFIX)}):
+        measured = [(s["step"], s[key]) for s in steps if key in s]
+        tau_ax.plot(*zip(*measured), marker="o", label=f"vLLM during training, temperature {key[len(TAU_PREFIX) :]}")
     tau_ax.axhline(vllm_tau, color="tab:green", linestyle="--", label=f"vLLM measured, temperature 0 ({vllm_tau:.2f})")
     tau_ax.set(title="Acceptance length τ", xlabel="optimizer step", ylabel="τ (tokens per verification step)")
     tau_ax.legend(loc="lower right")

@@ -74,7 +74,7 @@ def _read(llm: Any) -> dict[str, Any]:
     return out
 
 
-def _generate_once(llm: Any, prompts: list[list[int]], temperature: float, max_tokens: int, label: str) -> Generation:
+def generate_once(llm: Any, prompts: list[list[int]], temperature: float, max_tokens: int, label: str) -> Generation:
     """One generate call over `prompts`, with the counters it moved."""
     from vllm import SamplingParams
 
@@ -156,10 +156,10 @@ def generate_in_vllm(
         runs = []
         for temperature in temperatures:
             if groups is None:
-                runs.append(_generate_once(llm, prompts, temperature, max_tokens, label))
+                runs.append(generate_once(llm, prompts, temperature, max_tokens, label))
                 continue
             parts = {
-                name: _generate_once(llm, [prompts[i] for i in positions], temperature, max_tokens, f"{label}, {name}")
+                name: generate_once(llm, [prompts[i] for i in positions], temperature, max_tokens, f"{label}, {name}")
                 for name, positions in groups.items()
             }
             runs.append(merge(temperature, parts, groups))

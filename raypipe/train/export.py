@@ -1,7 +1,9 @@
 """Export: the trained drafter as a directory vLLM loads as a DFlash drafter for the target.
 
-The drafter is taken from the run's best checkpoint (the lowest mean training
-loss of its interval among those Ray Train kept, raypipe.train.launcher). Its
+The drafter is taken from the run's best checkpoint among those Ray Train kept
+(raypipe.train.launcher): the highest τ in vLLM when it was measured during
+training (`export.json` then records the τ curve), else the lowest mean
+training loss of its interval. Its
 serving contract with the target (raypipe.train.contract: what it trained
 with against what vLLM will apply) is checked first: a mismatch refuses the
 export, naming each field and its fix. The export is written whole into a
@@ -30,7 +32,9 @@ from raypipe.storage import Storage, absolute, sync_directory
 from raypipe.target import resolve_model, resolve_target
 from raypipe.train.checkpoint import DRAFTER_DIR, PROVENANCE_FILE, STATE_FILE
 from raypipe.train.contract import Contract, TargetFacts, check_drafter
-from raypipe.train.launcher import best_checkpoint
+from raypipe.train.launcher import best_checkpoint, checkpoint_score
+from raypipe.train.ledger import read_training_curve
+from raypipe.train.tau_rule import TAU_PREFIX
 
 DONE = "export.json"
 AT_FDCWD, RENAME_EXCHANGE = -100, 2  # <fcntl.h>, <linux/fs.h>
@@ -67,6 +71,8 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
             "files": sorted(files),
             "contract": contract.record(),
             "speculative_config": speculative,
+            "chosen_by": checkpoint_score(cfg)[0],
+            "tau_curve": tau_curve(RunFolders.of(cfg).ledger),
             # The evaluation's engine options, as a command for this machine (CPU: the API server module, the KV size).
             "vllm_command": serve_command(engine_args(target, cfg.serve), speculative),
         }
@@ -76,6 +82,15 @@ def export_checkpoint(cfg: RaypipeConfig, checkpoint: Storage, url: str) -> dict
         if staging.fs.exists(staging.root):
             staging.fs.rm(staging.root, recursive=True)
     return doc
+
+
+def tau_curve(ledger: Storage) -> list[dict[str, Any]]:
+    """τ in vLLM measured during training, by step and temperature ([] when it was not measured)."""
+    return [
+        {"step": int(s["step"]), "tau": {k[len(TAU_PREFIX) :]: v for k, v in s.items() if k.startswith(TAU_PREFIX)}}
+        for s in read_training_curve(ledger)
+        if any(k.startswith(TAU_PREFIX) for k in s)
+    ]
 
 
 def check_export(directory: Storage, target: str | None = None) -> Contract:

@@ -8,9 +8,12 @@ they never share a GPU with Serve replicas) inside a placement group with
 up to `train.run.max_failures` times; re-running the same config resumes too.
 
 Checkpoints are scored by `train_loss`, the mean training loss of the steps
-since the previous checkpoint (raypipe.train.loop): Ray Train keeps the
-`train.run.keep_checkpoints` lowest beside the latest, which it always keeps and
-resumes from; export takes the best (`best_checkpoint`).
+since the previous checkpoint (raypipe.train.loop), or, with `eval.every_steps`,
+by τ in vLLM at temperature 0 measured at the checkpoint (raypipe.train.tau_rule):
+Ray Train keeps the `train.run.keep_checkpoints` best beside the latest, which
+it always keeps and resumes from; export takes the best (`best_checkpoint`; on a
+tie of τ, the later). The engine that measures τ (raypipe.eval.probe) starts
+before the workers and ends with the run.
 
 A run is resumed or exported only under what its checkpoints were trained
 with: the same prepared data (the manifest's digest), the same target (its
@@ -31,13 +34,16 @@ from typing import Any
 from raypipe.compat.ray import checkpoint_snapshot_filename
 from raypipe.config import RaypipeConfig, trained_settings
 from raypipe.data.output import PreparedOutput
+from raypipe.eval.probe import start_probe, stop_probe
 from raypipe.heap import HEAP_ENV
 from raypipe.layout import RunFolders
 from raypipe.storage import Storage, absolute
 from raypipe.target import resolve_target, target_digest
 from raypipe.train.checkpoint import CONFIG_FILE, PROVENANCE_FILE
-from raypipe.train.loop import train_worker
+from raypipe.train.loop import STOPPED, train_worker
 from raypipe.train.replies import open_rows
+from raypipe.train.tau_rule import SCORE as TAU_SCORE
+from raypipe.train.tau_rule import TauTooLow
 from raypipe.train.vocab import prepare_draft_vocab
 
 
@@ -50,7 +56,12 @@ def _train_storage(cfg: RaypipeConfig) -> tuple[Storage, Any]:
     return storage, pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(storage.fs))
 
 
-SCORE = "train_loss"  # what checkpoints are ranked by (lower is better)
+LOSS_SCORE = "train_loss"  # what checkpoints are ranked by (lower is better), unless τ is measured in training
+
+
+def checkpoint_score(cfg: RaypipeConfig) -> tuple[str, str]:
+    """The metric checkpoints are ranked by and its order (Ray Train's checkpoint_score_order)."""
+    return (TAU_SCORE, "max") if cfg.eval.every_steps else (LOSS_SCORE, "min")
 
 
 def _checkpoint_at(storage: Storage, checkpoint: Any) -> Storage:
@@ -129,19 +140,24 @@ def latest_checkpoint(cfg: RaypipeConfig) -> Storage:
 
 
 def best_checkpoint(cfg: RaypipeConfig) -> Storage:
-    """The kept checkpoint with the lowest finite `train_loss` (the latest when it is the best): what export takes."""
+    """The kept checkpoint with the lowest finite `train_loss`, or the highest τ in vLLM (the later one on a tie):
+    what export takes."""
     storage, result = _recorded(cfg)
+    score, order = checkpoint_score(cfg)
     scored = [
-        (m[SCORE], c)
+        (m[score], m.get("step", 0), c)
         for c, m in result.best_checkpoints
-        if isinstance(m.get(SCORE), (int, float)) and math.isfinite(m[SCORE])
+        if isinstance(m.get(score), (int, float)) and math.isfinite(m[score])
     ]
     if not scored:
         raise ValueError(
-            f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {SCORE}: every step of it "
+            f"no checkpoint of training run {cfg.name!r} under {storage.url} has a finite {score}: every step of it "
             "was skipped as non-finite"
         )
-    best = min(scored, key=lambda sc: sc[0])[1]
+    if order == "max":
+        best = max(scored, key=lambda s: (s[0], s[1]))[2]
+    else:
+        best = min(scored, key=lambda s: s[0])[2]
     return _checkpoint_at(storage, best)
 
 
@@ -156,7 +172,9 @@ def run_config(cfg: RaypipeConfig) -> Any:
         storage_path=storage.path(),
         storage_filesystem=pyarrow_fs,
         checkpoint_config=CheckpointConfig(
-            num_to_keep=cfg.train.run.keep_checkpoints, checkpoint_score_attribute=SCORE, checkpoint_score_order="min"
+            num_to_keep=cfg.train.run.keep_checkpoints,
+            checkpoint_score_attribute=checkpoint_score(cfg)[0],
+            checkpoint_score_order=checkpoint_score(cfg)[1],
         ),
         failure_config=FailureConfig(max_failures=cfg.train.run.max_failures),
         # Ray Train's INFO lines (state transitions, resources, checkpoints) only with --verbose (raypipe.progress).
@@ -204,7 +222,29 @@ def run_training(cfg: RaypipeConfig) -> Any:
         )
     if cfg.train.drafter.draft_vocab_size is not None:  # counted once, before the workers read it
         prepare_draft_vocab(cfg, rows, resolve_target(cfg.serve).shape.vocab_size)
-    return build_trainer(cfg).fit()
+    if not cfg.eval.every_steps:
+        return build_trainer(cfg).fit()
+    folders = RunFolders.of(cfg)
+    if folders.ledger.exists(STOPPED):
+        folders.ledger.fs.rm(folders.ledger.path(STOPPED))  # a new start measures anew
+    probe = start_probe(cfg)
+    try:
+        result = build_trainer(cfg).fit()
+    except Exception:
+        _raise_if_stopped(folders)
+        raise
+    finally:
+        stop_probe(probe)
+    if result.error is not None:
+        _raise_if_stopped(folders)
+    return result
+
+
+def _raise_if_stopped(folders: RunFolders) -> None:
+    """The fail-fast rule's message (raypipe.train.tau_rule), not Ray Train's wrapping of it, when it stopped the
+    run."""
+    if folders.ledger.exists(STOPPED):
+        raise TauTooLow(folders.ledger.read_json(STOPPED)["message"]) from None
 
 
 def build_trainer(cfg: RaypipeConfig) -> Any:

@@ -22,8 +22,17 @@
    from the ledger, each rank appends every step's samples to the step log
    (raypipe.train.steplog), an audit of that which never relies on the ledger.
    Each checkpoint is scored by its interval's mean training loss
-   (`train_loss`): Ray Train keeps the best ones beside the latest, and
-   export takes the best (raypipe.train.launcher).
+   (`train_loss`), or, with `eval.every_steps`, by τ in vLLM: Ray Train keeps
+   the best ones beside the latest, and export takes the best
+   (raypipe.train.launcher).
+6. τ in vLLM (`Trainer.measure_tau`), with `eval.every_steps`: every that many
+   steps and at each checkpoint, rank 0 sends the drafter's trainable weights
+   (gathered by every rank) to the run's warm engine (raypipe.eval.probe) and
+   waits for τ at every eval temperature; it joins that step's logged metrics
+   (progress line, Prometheus, trackers, ledger: the τ curve) and the
+   checkpoint's score. τ still below `eval.min_tau` after `eval.patience`
+   measurements stops the run (raypipe.train.tau_rule), and the group's
+   restarts stop at once (`STOPPED`).
 
 A step with a NaN or Inf loss or gradient norm is skipped and counted
 (raypipe.train.step); `train.run.max_nonfinite_steps` of them in a row stop the
@@ -56,15 +65,18 @@ from raypipe.train.anchors import anchor_count, install_row_anchors
 from raypipe.train.batches import DeviceFeeder, Step
 from raypipe.train.checkpoint import load_checkpoint, read_progress, save_checkpoint
 from raypipe.train.drafter import build_drafter
-from raypipe.train.ledger import Ledger
+from raypipe.train.ledger import Ledger, read_training_curve
 from raypipe.train.metrics import StepMetrics, TrainMetrics, tracked
 from raypipe.train.plan import EpochPlan, plan_epoch, total_steps
 from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import Progress, TrainState, place_drafter, precision, train_step
 from raypipe.train.steplog import StepLog, new_attempt
+from raypipe.train.tau_rule import SCORE, TauTooLow, check_tau, due, min_tau, tau_key
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
+
+STOPPED = "tau_stop.json"  # in the run's ledger: the fail-fast rule's message, which the group's restarts repeat
 
 
 def stop_if_diverged(m: dict[str, float], cfg: RaypipeConfig, step: int) -> None:
@@ -192,6 +204,7 @@ class Trainer:
             "nonfinite_steps": 0.0,
         }  # loss weighted by the steps that trained
         self.states_dtype = precision(w.device)[1]
+        self.tau = TauSchedule(w, progress.step) if w.cfg.eval.every_steps else None
         torch.manual_seed(tc.schedule.seed * 1_000_003 + w.rank * 7_919 + progress.step)  # anchors per rank and step
 
     def steps_of_epoch(self, plan: EpochPlan, cursor: int, count: int) -> Iterator[Step]:
@@ -211,12 +224,14 @@ class Trainer:
         states = stream_states(packs, self.tc.states.mode, self.w.client, self.cache, self.tc.states.store_misses)
         return zip(for_rows, states, strict=True)
 
-    def log(self, lr: float) -> dict[str, float]:
-        """Reduce the interval's metrics (a collective), then report them from rank 0; stop a run that no longer learns
-        (every rank reads the same skip counts, so every rank raises)."""
+    def log(self, lr: float, measure: bool = False) -> dict[str, float]:
+        """Reduce the interval's metrics (a collective), with τ in vLLM when `measure`, then report them from rank 0;
+        stop a run that no longer learns (every rank reads the same skip counts and τ, so every rank raises)."""
         m = self.metrics.reduce()
         progress = self.state.progress
         stop_if_diverged(m, self.w.cfg, progress.step)
+        if measure and self.tau is not None:
+            m.update(self.tau.measure(self.state, progress.step, m["tau_estimate"]))
         trained = m["steps"] - m["nonfinite_steps"]
         interval = self.since_checkpoint
         interval["loss"] += m["loss"] * trained if trained else 0.0
@@ -246,9 +261,11 @@ class Trainer:
         since, first = self.started
         rate = (step - first) / max(time.perf_counter() - since, 1e-9)
         skipped = f", skipped {m['nonfinite_steps']:.0f} non-finite" if m["nonfinite_steps"] else ""
+        served = f", τ in vLLM {self.tau.latest}" if self.tau is not None and self.tau.latest else ""
         return (
             f"step {step}/{total} ({100 * step / total:.0f}%) epoch {progress.epoch}: loss {m['loss']:.4f}, "
-            f"τ~{m['tau_estimate']:.2f}, {m['tokens_per_s']:.0f} tok/s, wait {100 * m['wait_fraction']:.0f}%{skipped}; "
+            f"τ~{m['tau_estimate']:.2f}{served}, {m['tokens_per_s']:.0f} tok/s, wait {100 * m['wait_fraction']:.0f}%"
+            f"{skipped}; "
             f"{rate:.2f} steps/s, {duration((total - step) / rate) if rate > 0 else '?'} left"
         )
 
@@ -264,6 +281,8 @@ class Trainer:
         with tempfile.TemporaryDirectory() as tmp:
             save_checkpoint(Path(tmp), self.state, self.w.cfg.model_dump(), self.provenance, write=self.w.rank == 0)
             report = {k: m[k] for k in ("step", "epoch", "loss", "tau_estimate")}
+            if self.tau is not None:
+                report[SCORE] = m[tau_key(0.0)]  # measured at every checkpoint (raypipe.train.tau_rule.due)
             report.update(
                 train_loss=interval["loss"] / interval["trained"] if interval["trained"] else float("nan"),
                 nonfinite_steps=interval["nonfinite_steps"],
@@ -321,10 +340,63 @@ class Trainer:
         )
         at_end = progress.cursor >= len(plan.packs) or progress.step >= self.total_steps
         checkpoint = progress.step % tc.run.checkpoint_every == 0 or at_end
-        if progress.step % tc.run.log_every == 0 or checkpoint:
-            m = self.log(lr)
+        measure = due(progress.step, self.w.cfg.eval.every_steps, checkpoint)
+        if progress.step % tc.run.log_every == 0 or checkpoint or measure:
+            m = self.log(lr, measure)
             if checkpoint:
                 self.checkpoint(m)
+
+
+class TauSchedule:
+    """τ in vLLM during training, on every rank: the weights gathered by all, measured by rank 0's call to the probe,
+    the result and the fail-fast decision shared with all (raypipe.train.tau_rule)."""
+
+    def __init__(self, w: Worker, step: int) -> None:
+        from raypipe.eval.probe import find_probe
+
+        self.w, self.curve, self.latest = w, [], ""
+        if w.folders.ledger.exists(STOPPED):  # a restart of the group that the rule stopped
+            raise TauTooLow(w.folders.ledger.read_json(STOPPED)["message"])
+        self.probe = find_probe(w.cfg.name) if w.rank == 0 else None
+        if self.probe is not None:
+            import ray
+
+            self.floor = ray.get(self.probe.started.remote())["floor"]["0"]["tau"]
+            self.limit = min_tau(w.cfg.eval.min_tau, self.floor)
+            key = tau_key(0.0)  # the measurements before a restart's checkpoint count toward eval.patience
+            self.curve = [(int(s["step"]), s[key]) for s in read_training_curve(w.folders.ledger) if key in s]
+            self.curve = [(s, t) for s, t in self.curve if s <= step]
+
+    def measure(self, state: TrainState, step: int, estimate: float) -> dict[str, float]:
+        """τ at every eval temperature for the drafter as it is now, as metrics (`tau_key`), with the seconds the
+        training waited for it (`vllm_tau_seconds`: the gather, the engine's reload and generation); a collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        start = time.perf_counter()
+        full = get_model_state_dict(state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        shared: list[Any] = [None]
+        if self.probe is not None:
+            import ray
+
+            trainable = {n for n, p in state.drafter.named_parameters() if p.requires_grad}
+            weights = {k: v for k, v in full.items() if k in trainable}  # the frozen matrices are the engine's already
+            assert weights, "no trainable weight by the drafter's parameter names"
+            with tempfile.TemporaryDirectory() as tmp:
+                state.drafter.save_pretrained(tmp, state_dict=weights)
+                result = ray.get(self.probe.measure.remote(Path(tmp, "model.safetensors").read_bytes()))
+            taus = {tau_key(float(t)): r["tau"] for t, r in result["tau"].items()}
+            self.curve.append((step, taus[tau_key(0.0)]))
+            self.latest = ", ".join(f"{r['tau']:.2f}@T={t}" for t, r in result["tau"].items())
+            try:
+                check_tau(self.curve, self.limit, self.w.cfg.eval.patience, self.floor, estimate)
+                shared = [{**taus, "vllm_tau_seconds": time.perf_counter() - start}]
+            except TauTooLow as err:
+                self.w.folders.ledger.write_json(STOPPED, {"step": step, "message": str(err)})
+                shared = [str(err)]
+        dist.broadcast_object_list(shared, src=0)
+        if isinstance(shared[0], str):
+            raise TauTooLow(shared[0])
+        return shared[0]
 
 
 def train_worker(loop_config: dict[str, Any]) -> None:

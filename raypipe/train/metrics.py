@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from raypipe.train.step import NONFINITE
+from raypipe.train.tau_rule import TAU_PREFIX
 
 
 class StepMetrics:
@@ -115,6 +116,11 @@ class TrainMetrics:
         self.accuracy = Gauge(
             "raypipe_train_accuracy", "Draft accuracy of the last interval by block position.", ("run", "position")
         )
+        self.vllm_tau = Gauge(
+            "raypipe_train_vllm_tau",
+            "Acceptance length in vLLM during training (eval.every_steps), at each eval temperature.",
+            ("run", "temperature"),
+        )
 
     def record(self, m: dict[str, Any]) -> None:
         self.loss.set(m["loss"], self.tags)
@@ -128,11 +134,15 @@ class TrainMetrics:
         for key, value in m.items():
             if key.startswith("acc_pos_"):
                 self.accuracy.set(value, {**self.tags, "position": key[len("acc_pos_") :]})
+            elif key.startswith(TAU_PREFIX):
+                self.vllm_tau.set(value, {**self.tags, "temperature": key[len(TAU_PREFIX) :]})
 
 
 def tracked(m: dict[str, Any]) -> dict[str, float]:
     """A logged interval as the experiment trackers get it (raypipe.train.trackers): the values the Prometheus metrics
-    above are set to, named without their `raypipe_train_` prefix, accuracy by position as `accuracy/{position}`."""
+    above are set to, named without their `raypipe_train_` prefix, accuracy by position as `accuracy/{position}`, τ
+    in vLLM as `vllm_tau/t{temperature}`."""
     out = {k: float(m[k]) for k in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "nonfinite_steps")}
     out.update({f"accuracy/{k[len('acc_pos_') :]}": float(v) for k, v in m.items() if k.startswith("acc_pos_")})
+    out.update({f"vllm_tau/t{k[len(TAU_PREFIX) :]}": float(v) for k, v in m.items() if k.startswith(TAU_PREFIX)})
     return out

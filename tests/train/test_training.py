@@ -18,6 +18,7 @@ import ray
 from ray.train import TrainingFailedError
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from raypipe.eval.prompts import load_prompts
 from raypipe.eval.spec_decode import generate_in_vllm
 from raypipe.layout import RunFolders
 from raypipe.serve.engine import Sampling
@@ -26,10 +27,11 @@ from raypipe.serve.transport import reclaim_orphans
 from raypipe.serve.vllm_args import ENGINE_ENV, engine_args
 from raypipe.storage import Storage
 from raypipe.target import resolve_target
-from raypipe.train.export import export_drafter
+from raypipe.train.export import export_drafter, tau_curve
 from raypipe.train.launcher import run_training
 from raypipe.train.ledger import read_ledger, read_training_curve
 from raypipe.train.replies import run_replies
+from raypipe.train.tau_rule import TauTooLow
 from tests.helpers import scrape_metrics
 from tests.train.helpers import run_config, with_replies
 
@@ -64,6 +66,10 @@ def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(
     ray_cluster: str, prepared: Path, replies, service, tmp_path: Path
 ) -> None:
+    """Also τ in vLLM during training (issue 41): measured every 25 steps and at each checkpoint by a warm engine
+    whose drafter is reloaded in place, equal to a fresh engine's τ for the same weights, recorded with every
+    interval's metrics, ranking the checkpoints, and what export takes. (The tiny target is random, so τ stays near 1:
+    eval.min_tau=1 keeps the fail-fast rule out of this run.)"""
     cfg = with_replies(
         run_config(
             prepared,
@@ -73,6 +79,9 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
             "train.run.checkpoint_every=50",
             "train.run.log_every=5",
             "train.run.trackers=[tensorboard]",
+            "eval.every_steps=25",
+            "eval.probe_prompts=8",
+            "eval.min_tau=1.0",
         ),
         replies,
     )
@@ -84,6 +93,13 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     assert (
         steps[-1]["step"] == 100 and sum(s["steps"] for s in steps) == 100 and all(0 < s["steps"] <= 5 for s in steps)
     )
+    # τ in vLLM at every 25th step and at every checkpoint, at both eval temperatures; each checkpoint scored by it.
+    curve = tau_curve(RunFolders.of(cfg).ledger)
+    measured = {c["step"]: c["tau"] for c in curve}
+    checkpoints = {int(m["step"]): m for _, m in result.best_checkpoints}
+    assert {25, 50, 75, 100} <= set(measured) and set(checkpoints) <= set(measured), (measured, checkpoints)
+    assert all(set(t) == {"0", "1"} and all(v >= 1 for v in t.values()) for t in measured.values())
+    assert all(m["vllm_tau"] == measured[s]["0"] for s, m in checkpoints.items())
     first = sum(s["loss"] for s in steps[:4]) / 4
     last = sum(s["loss"] for s in steps[-4:]) / 4
     print(json.dumps({"first_loss": first, "last_loss": last, "last": steps[-1]}))
@@ -91,7 +107,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     assert all(0 <= s["wait_fraction"] <= 1 and s["tokens_per_s"] > 0 for s in steps)
     names = [
         f"ray_raypipe_train_{m}"
-        for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total", "accuracy")
+        for m in ("loss", "tau_estimate", "wait_fraction", "lr", "tokens_per_s", "steps_total", "accuracy", "vllm_tau")
     ]
     exported = scrape_metrics(ray_cluster, names)
     assert all(exported.values()), f"not exported: {[n for n, v in exported.items() if not v]}"
@@ -99,6 +115,9 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     events = EventAccumulator(RunFolders.of(cfg).tensorboard.url, size_guidance={"scalars": 0})
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("loss")] == [(s["step"], pytest.approx(s["loss"])) for s in steps]
+    assert [(e.step, e.value) for e in events.Scalars("vllm_tau/t0")] == [
+        (s, pytest.approx(t["0"])) for s, t in sorted(measured.items())
+    ]
     # Every needs_response row got an on-policy reply, stored once for later epochs.
     stored = sum(pq.read_table(str(p)).num_rows for p in (Path(cfg.train.output) / "replies").glob("*.parquet"))
     manifest = json.loads((Path(cfg.data.output) / "manifest.json").read_text())
@@ -107,6 +126,10 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     # The export loads in vLLM as a DFlash drafter; speculative decoding runs and stays lossless (greedy, fp32).
     export = export_drafter(cfg)
     assert export["speculative_config"]["num_speculative_tokens"] == cfg.train.drafter.block_size - 1
+    # Export takes the kept checkpoint of the highest τ (the later on a tie) and records the curve.
+    assert export["chosen_by"] == "vllm_tau" and export["tau_curve"] == curve
+    best = max(checkpoints.values(), key=lambda m: (m["vllm_tau"], m["step"]))
+    assert export["training_state"]["step"] == best["step"]
     target = export["provenance"]["target_path"]
     prompts = [list(range(1000 + 40 * i, 1030 + 40 * i)) for i in range(4)]
     run_in_vllm = ray.remote(num_cpus=0.5, runtime_env={"env_vars": ENGINE_ENV})(generate_in_vllm)
@@ -126,6 +149,49 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
     assert greedy.drafts > 0 and greedy.draft_tokens == greedy.drafts * (cfg.train.drafter.block_size - 1)
     assert len(greedy.accepted_per_position) == cfg.train.drafter.block_size - 1
     assert greedy.replies == TransformersEngine(target, (4,)).generate(prompts, Sampling(max_tokens=24))
+    # The warm engine measured what a fresh engine with the exported weights measures: the reload is complete.
+    probe_prompts = load_prompts(cfg)[1][: cfg.eval.probe_prompts]
+    [fresh] = ray.get(
+        run_in_vllm.remote(
+            engine_args(resolve_target(cfg.serve), cfg.serve),
+            export["speculative_config"]["model"],
+            cfg.train.drafter.block_size - 1,
+            probe_prompts,
+            [0.0],
+            max_tokens=cfg.eval.max_tokens,
+        )
+    )
+    assert fresh.tau == pytest.approx(measured[best["step"]]["0"], abs=1e-6), (fresh.summary(), measured)
+
+
+def test_tau_in_vllm_below_min_tau_stops_the_run_at_the_patience_th_measurement_and_its_restarts_at_once(
+    prepared: Path, replies, service, tmp_path: Path
+) -> None:
+    """Issue 41: τ below eval.min_tau once measured eval.patience times stops the run with a message that points at
+    the serving contract; Ray Train's restart of the group stops at its start instead of training again."""
+    cfg = with_replies(
+        run_config(
+            prepared,
+            tmp_path,
+            "train.schedule.max_steps=60",
+            "train.schedule.epochs=20",
+            "train.run.checkpoint_every=50",
+            "train.run.max_failures=1",
+            "eval.every_steps=10",
+            "eval.probe_prompts=4",
+            "eval.temperatures=[0.0]",
+            "eval.min_tau=5",
+            "eval.patience=2",
+        ),
+        replies,
+    )
+    with pytest.raises(TauTooLow, match=r"at step 20, after 2 measurements .*eval\.min_tau 5\.00.*serving contract"):
+        train(cfg)
+    steps = RunFolders.of(cfg).steps
+    lines = [json.loads(line) for rel in steps.glob("*.jsonl") for line in steps.read(rel).decode().splitlines()]
+    attempts = {line["attempt"] for line in lines if "attempt" in line}
+    assert len(attempts) == 2, "Ray Train restarts the group once (train.run.max_failures=1)"
+    assert max(line.get("step", 0) for line in lines) == 20, "the run went on after the stop, or its restart trained"
 
 
 def _running(pid: int) -> bool:

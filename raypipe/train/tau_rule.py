@@ -1,0 +1,50 @@
+"""τ in vLLM during training as the run reads it: when it is measured, when it stops a run, how checkpoints rank.
+
+Measurements (raypipe.eval.probe) run every `eval.every_steps` optimizer steps and at each checkpoint, so every
+checkpoint has its τ: checkpoints are ranked by τ at temperature 0 (higher is better; export takes the highest, the
+later one on a tie, raypipe.train.launcher). A drafter whose τ is still below `eval.min_tau` once it has been
+measured `eval.patience` times stops the run: training improves a drafter that vLLM does not serve as trained,
+which only a mismatch of the serving contract explains (a wrong layer, their order, the rotary layout), and every
+further step is wasted.
+"""
+
+from __future__ import annotations
+
+MARGIN = 0.25  # eval.min_tau's default above the untrained drafter's τ: the demo's first measurement (step 50) is ~2
+SCORE = "vllm_tau"  # the checkpoint metric ranked when τ is measured during training (temperature 0)
+TAU_PREFIX = f"{SCORE}_t"  # a measurement's metric: the prefix and the temperature
+
+
+class TauTooLow(ValueError):
+    """τ in vLLM stayed below eval.min_tau: the run stops."""
+
+
+def tau_key(temperature: float) -> str:
+    """A measurement's name in the logged metrics, the ledger and the trackers."""
+    return f"{TAU_PREFIX}{temperature:g}"
+
+
+def due(step: int, every_steps: int | None, checkpoint: bool) -> bool:
+    """Whether τ is measured after `step` (a checkpoint step is always measured when measuring is on)."""
+    return every_steps is not None and (checkpoint or step % every_steps == 0)
+
+
+def min_tau(configured: float | None, floor: float) -> float:
+    """`eval.min_tau`, or the untrained drafter's τ (`floor`) + MARGIN."""
+    return configured if configured is not None else floor + MARGIN
+
+
+def check_tau(curve: list[tuple[int, float]], limit: float, patience: int, floor: float, estimate: float) -> None:
+    """Stop (TauTooLow) when the latest of the measurements so far (step, τ at temperature 0) is below `limit` and
+    there have been at least `patience` of them; `estimate` is the training's own τ estimate at that step."""
+    if len(curve) < patience or curve[-1][1] >= limit:
+        return
+    step, tau = curve[-1]
+    raise TauTooLow(
+        f"τ in vLLM is {tau:.2f} at step {step}, after {len(curve)} measurements (eval.patience={patience}), below "
+        f"eval.min_tau {limit:.2f} (the untrained drafter's τ {floor:.2f}, + {MARGIN} by default), while training "
+        f"estimates τ~{estimate:.2f}: vLLM does not serve this drafter as it is trained. Check the serving contract: "
+        "the target layers the drafter reads (serve.layer_ids, in order), the rotary layout and the mask token "
+        "(`raypipe check-drafter` on a checkpoint's drafter/ names a static mismatch). Nothing after the last "
+        "checkpoint is kept; set eval.min_tau lower only if the drafter is known to start slowly"
+    )

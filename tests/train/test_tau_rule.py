@@ -1,0 +1,72 @@
+"""τ in vLLM during training as the run reads it (pure: no Ray, no engine): when it is measured, when it stops a run,
+how checkpoints rank, the curve export.json records and training.png draws."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raypipe.config import load_config
+from raypipe.eval.report import plot_training
+from raypipe.storage import Storage
+from raypipe.train.export import tau_curve
+from raypipe.train.launcher import checkpoint_score
+from raypipe.train.ledger import Ledger
+from raypipe.train.tau_rule import MARGIN, TauTooLow, check_tau, due, min_tau, tau_key
+
+
+def test_measured_every_n_steps_and_at_every_checkpoint_only_when_set() -> None:
+    assert [s for s in range(1, 13) if due(s, 5, checkpoint=s == 7)] == [5, 7, 10]
+    assert not any(due(s, None, checkpoint=True) for s in range(1, 13))
+
+
+def test_min_tau_defaults_above_the_untrained_drafter() -> None:
+    assert min_tau(None, 1.03) == pytest.approx(1.03 + MARGIN)
+    assert min_tau(2.0, 1.03) == 2.0
+
+
+def test_a_low_tau_stops_the_run_only_after_patience_measurements_naming_the_serving_contract() -> None:
+    low = [(50, 1.05), (100, 1.04), (150, 1.06)]
+    check_tau(low[:2], limit=1.3, patience=3, floor=1.02, estimate=2.9)  # two measurements: patience not spent
+    with pytest.raises(TauTooLow) as err:
+        check_tau(low, limit=1.3, patience=3, floor=1.02, estimate=2.9)
+    message = str(err.value)
+    for part in (
+        "1.06 at step 150",
+        "after 3 measurements",
+        "eval.min_tau 1.30",
+        "τ~2.90",
+        "serving contract",
+        "serve.layer_ids",
+        "raypipe check-drafter",
+    ):
+        assert part in message, (part, message)
+    check_tau([*low[:2], (150, 1.4)], limit=1.3, patience=3, floor=1.02, estimate=2.9)  # it learns: goes on
+    check_tau([*low, (200, 1.4)], limit=1.3, patience=3, floor=1.02, estimate=2.9)  # judged by the latest
+
+
+def test_checkpoints_rank_by_tau_in_vllm_when_it_is_measured_else_by_loss() -> None:
+    assert checkpoint_score(load_config("demo", ["eval.every_steps=null"])) == ("train_loss", "min")
+    assert checkpoint_score(load_config("demo", ["eval.every_steps=100"])) == ("vllm_tau", "max")
+
+
+def test_the_tau_curve_comes_from_the_ledger_and_is_drawn_beside_the_estimate(tmp_path: Path) -> None:
+    ledger = Storage(str(tmp_path / "ledger"), {})
+    rank0 = Ledger(ledger, 0)
+    curve = []
+    for step in range(10, 101, 10):
+        m = {"step": step, "loss": 1.0 / step, "tau_estimate": 1 + step / 50}
+        if step % 50 == 0:
+            m.update({tau_key(0.0): 1 + step / 60, tau_key(1.0): 1 + step / 70})
+            curve.append({"step": step, "tau": {"0": 1 + step / 60, "1": 1 + step / 70}})
+        rank0.add(0, step, [f"s{step}"])
+        rank0.log(m)
+    rank0.flush(101)
+    assert tau_curve(ledger) == curve
+    plot_training(
+        [s for seg in [ledger.read_json(r) for r in ledger.glob("epoch-*/*.json")] for s in seg["steps"]],
+        2.5,
+        tmp_path / "training.png",
+    )
+    assert (tmp_path / "training.png").stat().st_size > 10_000
