@@ -211,8 +211,14 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         "replies",
         "train",
     ]
-    assert (out / "train" / "drafter" / "demo" / "export.json").is_file()
     check_demo_evaluation(json.loads((out / "train" / "eval" / "demo" / "eval.json").read_text()))
+    # τ in vLLM during training (the demo's eval.every_steps): the checkpoint exported is the best measured.
+    export = json.loads((out / "train" / "drafter" / "demo" / "export.json").read_text())
+    measured = {c["step"]: c["tau"]["0"] for c in export["tau_curve"]}
+    assert "[train] τ in vLLM every 250 steps" in logs and export["chosen_by"] == "vllm_tau"
+    assert len(measured) >= 3 and max(measured.values()) >= 2.0, measured
+    # The latest checkpoint is always kept: the one exported is measured at least as high.
+    assert measured[export["training_state"]["step"]] >= measured[max(measured)], (export["training_state"], measured)
     # The service and the trainers share this node: states came as files (epoch 1), then from the cache, none via Ray.
     curve = read_training_curve(RunFolders(Storage(str(out / "train"), {}), "demo").ledger)
     came = {k: sum(s[k] for s in curve) for k in ("states_file", "states_array", "states_cache")}

@@ -70,3 +70,17 @@ def test_the_tau_curve_comes_from_the_ledger_and_is_drawn_beside_the_estimate(tm
         tmp_path / "training.png",
     )
     assert (tmp_path / "training.png").stat().st_size > 10_000
+
+
+def test_what_tau_during_training_measures_joins_the_training_fingerprint_and_nothing_else_does() -> None:
+    from raypipe.pipeline import train_fingerprint
+
+    def of(*overrides: str) -> str:
+        return train_fingerprint(load_config("demo", list(overrides)), "manifest", "target")
+
+    off, on = of("eval.every_steps=null"), of()
+    assert off != on and on != of("eval.every_steps=100") and on != of("eval.min_tau=2") and on != of("eval.patience=1")
+    assert on != of("eval.probe_prompts=8")
+    # The prompts past those it measures, and the evaluation's own settings, re-run no training.
+    assert on == of("eval.num_prompts=99") == of("eval.concurrency=[1]") == of("eval.threshold=0.3")
+    assert off == of("eval.every_steps=null", "eval.min_tau=2")

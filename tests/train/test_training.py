@@ -80,7 +80,8 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
             "train.run.log_every=5",
             "train.run.trackers=[tensorboard]",
             "eval.every_steps=25",
-            "eval.probe_prompts=8",
+            "eval.num_prompts=4",  # the sample's 5th prompt is longer than this max_model_len
+            "eval.probe_prompts=4",
             "eval.min_tau=1.0",
         ),
         replies,
@@ -178,7 +179,7 @@ def test_tau_in_vllm_below_min_tau_stops_the_run_at_the_patience_th_measurement_
             "train.run.checkpoint_every=50",
             "train.run.max_failures=1",
             "eval.every_steps=10",
-            "eval.probe_prompts=4",
+            "eval.num_prompts=4",
             "eval.temperatures=[0.0]",
             "eval.min_tau=5",
             "eval.patience=2",
