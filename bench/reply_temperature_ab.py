@@ -101,7 +101,13 @@ def main() -> None:
             )
         figures.append(figure(f"{label(r['arm'])}: training steps", r["steps"]))
         figures.append(figure(f"{label(r['arm'])}: mean reply", r["reply_tokens"], "tokens"))
-        figures.append(figure(f"{label(r['arm'])}: whole arm (replies, training, evaluation)", r["seconds"], "s"))
+        figures.append(
+            figure(
+                f"{label(r['arm'])}: the arm's stages (prepare, replies, training, export, evaluation)",
+                r["seconds"],
+                "s",
+            )
+        )
     record("reply_temperature_ab", figures)
 
 
