@@ -6,9 +6,10 @@ arms), the same training steps each, τ in vLLM at T=0 and T=1 for each.
 An arm is `TEMPERATURE[:TOP_P]` (`train.replies.temperature`, `train.replies.top_p`); the first is the baseline. Each
 arm is the whole demo pipeline (`jobs/pipeline.py --recipe demo`: replies, training, export, evaluation) into a run
 folder of its own under --out, one after the other; the prepared data is shared (the second arm's prepare finds it
-done). The latency sweep is skipped (`eval.concurrency=[]`). `train.schedule.max_steps` gives every arm the same
-steps: arms whose replies differ in length pack into different step counts over the same epochs. Extra `key=value`
-overrides go to every arm.
+done). An arm whose stages are recorded as done is not run again, so a failed command resumes; an arm's time is its
+stages' recorded seconds. The latency sweep is skipped (`eval.concurrency=[]`). `train.schedule.max_steps` gives
+every arm the same steps: arms whose replies differ in length pack into different step counts over the same epochs.
+Extra `key=value` overrides go to every arm.
 
 The goal (issue 41): τ at T=1 ≥ 3.4, and τ at T=0 at most 0.05 below the baseline's.
 """
@@ -60,12 +61,12 @@ def run_arm(arm: str, out: Path, max_steps: int, overrides: list[str]) -> dict:
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     doc = json.loads((train / "eval" / name / "eval.json").read_text())
-    stage = {
-        s: json.loads((train / "pipeline" / name / f"{s}.json").read_text())["summary"] for s in ("replies", "train")
-    }
+    records = {p.stem: json.loads(p.read_text()) for p in (train / "pipeline" / name).glob("*.json")}
+    stage = {s: records[s]["summary"] for s in ("replies", "train")}
+    print(f"[ab] {label(arm)}: {time.perf_counter() - start:.0f} s in this run", flush=True)
     return {
         "arm": arm,
-        "seconds": round(time.perf_counter() - start),
+        "seconds": round(sum(r["seconds"] for r in records.values())),  # stages done in an earlier run count too
         "steps": stage["train"]["step"],
         "reply_tokens": stage["replies"]["tokens"] / max(stage["replies"]["replies"], 1),
         "tau": {g["temperature"]: g["tau"] for g in doc["vllm"]},
