@@ -2,14 +2,16 @@
 
     python bench/tau_in_training.py --out /tmp/tau41
 
-Three arms, one after another, each in its own process and local Ray instance, on the demo recipe with the same
-prepared data (the first arm prepares it):
+Arms, one after another, each in its own process and local Ray instance, on the demo recipe with the same prepared
+data (the first arm prepares it):
 - `off`: eval.every_steps unset (checkpoints ranked by training loss), then export and the evaluation;
 - `on`: the demo's eval.every_steps (checkpoints ranked by τ in vLLM), then export and the evaluation;
-- `broken`: as `on`, but the trainers get the target's layers in reverse order (a layer-order contract break that no
-  static check sees: the drafter's config names the right layers), through a Ray worker setup hook; the fail-fast
-  rule must stop it within its first measurements.
-The training stage's wall time (the hidden-state service's start included in both) compares `off` with `on`.
+- two broken serving contracts that no static check sees (the drafter's config.json is right), made in the trainers
+  by a Ray worker setup hook, up to 600 steps: `layers`, the target's layers in reverse order; `rotary`, the
+  drafter's attention rotated in the interleaved (GPT-J) layout where vLLM rotates halves (NeoX). The fail-fast
+  rule should stop them within their first measurements.
+The training stage's wall time (the hidden-state service's start included in both) compares `off` with `on`, and
+within `on`, the seconds training waited for τ (the engine's start included) with the rest.
 """
 
 from __future__ import annotations
@@ -43,13 +45,29 @@ def reverse_target_layers() -> None:
     batches.pack_host = reversed_layers
 
 
+def interleaved_rotary() -> None:
+    """Worker setup hook of the `rotary` arm: speculators' DFlash attention rotates pairs of adjacent dimensions."""
+    import torch
+    from speculators.models.dflash import model_definitions
+
+    def rotate_pairs(x):  # noqa: ANN001, ANN202 - the replaced function's own signature
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+    model_definitions._rotate_half = rotate_pairs
+
+
+BROKEN = {"layers": reverse_target_layers, "rotary": interleaved_rotary}
+ARMS = ("off", "on", *BROKEN)
+
+
 def run_arm(arm: str, out: Path) -> dict:
     import ray
 
     from raypipe.config import load_config
     from raypipe.layout import RunFolders
     from raypipe.pipeline import eval_stage, prepare_stage, replies_stage, train_stage
-    from raypipe.train.export import export_drafter
+    from raypipe.train.export import export_drafter, tau_curve
     from raypipe.train.ledger import read_training_curve
     from raypipe.train.tau_rule import TauTooLow
 
@@ -61,12 +79,11 @@ def run_arm(arm: str, out: Path) -> dict:
     ]
     if arm == "off":
         overrides.append("eval.every_steps=null")
+    if arm in BROKEN:
+        overrides.append("train.schedule.max_steps=600")
     cfg = load_config("demo", overrides)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        runtime_env={"worker_process_setup_hook": reverse_target_layers} if arm == "broken" else None,
-    )
+    hook = BROKEN.get(arm)
+    ray.init(address="local", num_cpus=2, runtime_env={"worker_process_setup_hook": hook} if hook else None)
     prepare_stage(cfg)
     replies_stage(cfg)
     start = time.perf_counter()
@@ -77,6 +94,9 @@ def run_arm(arm: str, out: Path) -> dict:
         doc["step"] = trained.step
     except (TauTooLow, RuntimeError) as err:
         doc.update(train_s=time.perf_counter() - start, stopped=str(err))
+        return doc
+    if arm in BROKEN:  # not stopped: its curve
+        doc["tau_curve"] = tau_curve(RunFolders.of(cfg).ledger)
         return doc
     export = export_drafter(cfg)
     curve = read_training_curve(RunFolders.of(cfg).ledger)
@@ -106,8 +126,20 @@ def arm_result(out: Path, arm: str) -> dict:
     return doc
 
 
+def broken_figures(name: str, doc: dict) -> list[dict]:
+    """Whether the rule stopped a broken arm, where, and its τ in vLLM against the training estimate."""
+    out = [figure(f"{name}: stopped by the fail-fast rule", int("stopped" in doc))]
+    if "stopped" in doc:
+        step = int(re.search(r"at step (\d+)", doc["stopped"]).group(1))
+        tau = float(re.search(r"τ in vLLM is ([0-9.]+)", doc["stopped"]).group(1))
+        return [*out, figure(f"{name}: stopped at step", step), figure(f"{name}: τ in vLLM when stopped, T=0", tau)]
+    last = doc["tau_curve"][-1]
+    return [*out, figure(f"{name}: τ in vLLM at step {last['step']} (not stopped), T=0", last["tau"]["0"])]
+
+
 def summarize(out: Path) -> None:
-    off, on, broken = (arm_result(out, arm) for arm in ("off", "on", "broken"))
+    off, on = arm_result(out, "off"), arm_result(out, "on")
+    broken = {arm: arm_result(out, arm) for arm in BROKEN if (out / f"{arm}.log").exists()}
     first = on["tau_curve"][0]
     waited = on["measure_s"] + on["probe_start_s"]
     figures = [
@@ -126,17 +158,19 @@ def summarize(out: Path) -> None:
         figure("τ in vLLM, exported checkpoint ranked by loss, T=0", off["tau_by_temperature"]["0.0"]),
         figure("τ in vLLM, exported checkpoint ranked by τ, T=1", on["tau_by_temperature"]["1.0"]),
         figure("τ in vLLM, exported checkpoint ranked by loss, T=1", off["tau_by_temperature"]["1.0"]),
-        figure("broken layer order: stopped by the fail-fast rule", int("stopped" in broken)),
-        figure("broken layer order: training stage until stopped", broken["train_s"], "s"),
     ]
+    names = {"layers": "layers in reverse order", "rotary": "interleaved rotary"}
+    for arm, doc in broken.items():
+        figures += broken_figures(names[arm], doc)
     record("tau_in_training", figures)
-    print(json.dumps({"figures": figures, "arms": [off, on, broken]}, indent=1))
+    print(json.dumps({"figures": figures, "arms": {"off": off, "on": on, **broken}}, indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("/tmp/tau41"))
-    parser.add_argument("--arm", choices=["off", "on", "broken"], help="run one arm in this process (internal)")
+    parser.add_argument("--arm", choices=ARMS, help="run one arm in this process (internal)")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="the arms to run (default all)")
     parser.add_argument("--summarize", action="store_true", help="only read the arms' logs under --out and record")
     args = parser.parse_args()
     if args.arm:
@@ -144,7 +178,7 @@ def main() -> None:
         return
     if not args.summarize:
         args.out.mkdir(parents=True, exist_ok=True)
-        for arm in ("off", "on", "broken"):
+        for arm in args.arms:
             with (args.out / f"{arm}.log").open("w") as log:  # the arm's whole output
                 subprocess.run(
                     [sys.executable, __file__, "--arm", arm, "--out", str(args.out)],
