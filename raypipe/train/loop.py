@@ -72,7 +72,7 @@ from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import Progress, TrainState, place_drafter, precision, train_step
 from raypipe.train.steplog import StepLog, new_attempt
-from raypipe.train.tau_rule import SCORE, TauTooLow, check_tau, due, min_tau, tau_key
+from raypipe.train.tau_rule import SCORE, TauTooLow, check_tau, due, min_tau, tau_key, trailing
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
 
@@ -387,6 +387,9 @@ class TauSchedule:
             taus = {tau_key(float(t)): r["tau"] for t, r in result["tau"].items()}
             self.curve.append((step, taus[tau_key(0.0)]))
             self.latest = ", ".join(f"{r['tau']:.2f}@T={t}" for t, r in result["tau"].items())
+            warning = trailing(taus[tau_key(0.0)], estimate, self.w.cfg.eval.threshold)
+            if warning:
+                logger("train").warning(f"step {step}: {warning}")
             try:
                 check_tau(self.curve, self.limit, self.w.cfg.eval.patience, self.floor, estimate)
                 shared = [{**taus, "vllm_tau_seconds": time.perf_counter() - start}]

@@ -13,7 +13,7 @@ from raypipe.storage import Storage
 from raypipe.train.export import tau_curve
 from raypipe.train.launcher import checkpoint_score
 from raypipe.train.ledger import Ledger
-from raypipe.train.tau_rule import MARGIN, TauTooLow, check_tau, due, min_tau, tau_key
+from raypipe.train.tau_rule import MARGIN, TauTooLow, check_tau, due, min_tau, tau_key, trailing
 
 
 def test_measured_every_n_steps_and_at_every_checkpoint_only_when_set() -> None:
@@ -84,3 +84,9 @@ def test_what_tau_during_training_measures_joins_the_training_fingerprint_and_no
     # The prompts past those it measures, and the evaluation's own settings, re-run no training.
     assert on == of("eval.num_prompts=99") == of("eval.concurrency=[1]") == of("eval.threshold=0.3")
     assert off == of("eval.every_steps=null", "eval.min_tau=2")
+
+
+def test_tau_in_vllm_trailing_the_training_estimate_is_warned_about_not_stopped() -> None:
+    assert trailing(3.42, 3.44, 0.15) is None and trailing(3.7, 3.5, 0.15) is None
+    warning = trailing(2.63, 3.47, 0.15)
+    assert warning is not None and "trails the training estimate τ~3.47 by 24% (> eval.threshold 15%)" in warning
