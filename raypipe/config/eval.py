@@ -53,6 +53,8 @@ class EvalConfig(_Strict):
     def _positive_levels(cls, value: list[int]) -> list[int]:
         if any(c < 1 for c in value):
             raise ValueError(f"concurrency levels must be >= 1, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"concurrency levels must differ (each is measured once), got {value}")
         return value
 
     @field_validator("temperatures")

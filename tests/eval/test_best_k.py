@@ -92,3 +92,17 @@ def test_export_json_is_rewritten_with_the_served_k(tmp_path: Path) -> None:
     assert doc["vllm_command"] == f"vllm serve t --speculative-config '{json.dumps(doc['speculative_config'])}'"
     assert doc["num_speculative_tokens_chosen_by"] == by and doc["files"] == ["config.json"]
     assert [p.name for p in (tmp_path / "drafter").iterdir()] == ["export.json"]  # no temporary file left
+
+
+def test_the_levels_are_checked_by_the_config() -> None:
+    from pydantic import ValidationError
+
+    from raypipe.config.eval import EvalConfig
+
+    assert (
+        EvalConfig(prompts="p.jsonl").k_concurrency == [1, 16]
+        and EvalConfig(prompts="p", k_concurrency=[]).k_concurrency == []
+    )
+    for levels, message in (([0, 16], "must be >= 1"), ([1, 1], "must differ")):
+        with pytest.raises(ValidationError, match=message):
+            EvalConfig(prompts="p.jsonl", k_concurrency=levels)
