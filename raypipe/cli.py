@@ -141,6 +141,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         f"training estimate τ {doc['training']['tau_estimate'] or float('nan'):.2f}"
     )
     logger("eval").info(f"report: {doc['output']}/eval.json, plots: {', '.join(doc['plots'])}")
+    if doc["vllm_command"]:
+        best = doc["best_k"]
+        by_level = ", ".join(f"{k} at concurrency {level}" for level, k in best["best_per_level"].items())
+        logger("eval").info(f"best K: {by_level}; served K={best['chosen']} (export.json rewritten)")
+        logger("eval").info(f"serve it: {doc['vllm_command']}")
     return 0
 
 
@@ -165,7 +170,7 @@ def cmd_pipeline(args: argparse.Namespace) -> int:
     logger("pipeline").info(f"drafter:   {ex.drafter}")
     logger("pipeline").info(f"eval.json: {ev.output}/eval.json")
     logger("pipeline").info(f"plots:     {', '.join(ev.plots)}")
-    logger("pipeline").info(f"serve it:  {ex.vllm_command}")
+    logger("pipeline").info(f"serve it:  {ev.vllm_command or ex.vllm_command}")
     return 0
 
 

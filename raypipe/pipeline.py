@@ -191,6 +191,7 @@ class Evaluated:
     output: str
     plots: list[str]
     disagreement: bool
+    vllm_command: str | None  # with the K the evaluation chose (export.json rewritten), None where it chose none
 
 
 Result = Prepared | Replied | Trained | Exported | Evaluated
@@ -288,7 +289,7 @@ def eval_stage(cfg: RaypipeConfig) -> Evaluated:
     from raypipe.eval.evaluate import run_evaluation
 
     doc = run_evaluation(cfg)
-    return Evaluated(**{k: doc[k] for k in ("tau", "tau_method", "output", "plots")}, disagreement=doc["disagreement"])
+    return Evaluated(**{k: doc[k] for k in ("tau", "tau_method", "output", "plots", "disagreement", "vllm_command")})
 
 
 STAGES: dict[str, tuple[Callable[[RaypipeConfig], Result], type[Result]]] = {

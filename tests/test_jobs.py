@@ -65,10 +65,34 @@ def check_demo_evaluation(doc: dict) -> None:
     assert all(r["requests"] == 8 and r["ttft_ms"]["p50"] > 0 and r["tpot_ms"]["mean"] > 0 for r in rows)
     assert all(r["tau"] > 1.5 for r in rows[:2]) and all(r["tau"] is None for r in rows[2:])
     assert [s["concurrency"] for s in doc["latency"]["speedup"]] == [1, 4]
+    # The K to serve (issue 41, item 3): TPOT at every K = 1..3 at each eval.k_concurrency level; K = 3 is the latency
+    # sweep's own rows (measured once), the choice is raypipe.eval.best_k's, and export.json serves it.
+    best = doc["best_k"]
+    print(f"best K: {json.dumps({k: best[k] for k in ('best_per_level', 'worst_ratio_to_best', 'chosen')})}")
+    assert best["levels"] == [1, 4] and best["ks"] == [1, 2, 3] and best["default"] == 3
+    assert all(list(best["table"][str(c)]) == ["1", "2", "3"] for c in (1, 4)), best["table"]
+    cells = [cell for by_k in best["table"].values() for cell in by_k.values()]
+    assert all(cell["tpot_ms"] > 0 and cell["tokens_per_s"] > 0 and cell["tau"] > 1.3 for cell in cells), cells
+    assert [best["table"][str(r["concurrency"])]["3"]["tpot_ms"] for r in rows[:2]] == [
+        r["tpot_ms"]["mean"] for r in rows[:2]
+    ]
+    assert set(best["best_per_level"].values()) <= {1, 2, 3} and best["chosen"] in (1, 2, 3)
+    export = json.loads((Path(doc["drafter"].removeprefix("file://")) / "export.json").read_text())
+    assert export["speculative_config"]["num_speculative_tokens"] == best["chosen"]
+    assert export["num_speculative_tokens_chosen_by"]["tpot_ms"] == {
+        str(c): best["table"][str(c)][str(best["chosen"])]["tpot_ms"] for c in (1, 4)
+    }
+    assert doc["vllm_command"] == export["vllm_command"]
+    assert f'"num_speculative_tokens": {best["chosen"]}' in export["vllm_command"]
     assert [Path(p).name for p in doc["plots"]] == ["acceptance.png", "latency.png", "training.png"]
     for plot in doc["plots"]:
         pixels = np.asarray(Image.open(plot).convert("L"))
         assert pixels.shape[0] > 300 and (pixels < 200).mean() > 0.01  # a drawn figure, not an empty canvas
+
+
+def best_k(out: Path) -> int:
+    """The K the evaluation chose (eval.json), the one export.json and the printed command serve."""
+    return json.loads((out / "train" / "eval" / "demo" / "eval.json").read_text())["best_k"]["chosen"]
 
 
 def check_printed_serve_command(logs: str) -> None:
@@ -194,6 +218,7 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
         "train.drafter.draft_layers=1",
         "eval.concurrency=[1,4]",
         "eval.latency_prompts=8",
+        "eval.k_concurrency=[1,4]",  # K = 3 at both from the latency sweep, K = 1 and 2 on a server each
     ]
     start = time.time()
     status, logs = head.wait(head.submit(job, ROOT), timeout_s=1800)
@@ -233,3 +258,4 @@ def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
     assert logs.count("done earlier with this config, skipped") == 5
 
     check_printed_serve_command(logs)
+    assert f'"num_speculative_tokens": {best_k(out)}' in logs.split("[pipeline] serve it:")[1].splitlines()[0]

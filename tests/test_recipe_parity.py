@@ -70,14 +70,15 @@ THIS_MACHINE = {
     "train.run.cpus_per_worker": 0.25,
     "train.run.resource": None,
 }
-# How much is run: a few steps across a checkpoint, a few held-out prompts, no latency sweep (the demo job's test
-# runs it: two more OpenAI servers).
+# How much is run: a few steps across a checkpoint, a few held-out prompts, no latency or K sweep (the demo job's
+# test runs them: four more OpenAI servers).
 RUN_LENGTH = {
     "train.schedule.max_steps": 4,
     "train.run.checkpoint_every": 2,
     "train.run.log_every": 2,
     "eval.num_prompts": 8,
     "eval.concurrency": [],
+    "eval.k_concurrency": [],
     "serve.http_port": None,  # a free port, drawn per run
 }
 

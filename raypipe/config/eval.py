@@ -29,6 +29,14 @@ class EvalConfig(_Strict):
     latency_prompts: int = Field(
         default=48, gt=0, description="Prompts each level of the latency sweep sends (the first eval prompts)."
     )
+    k_concurrency: list[int] = Field(
+        default=[1, 16],
+        description="Concurrent clients at which the trained drafter's TPOT (tokens/s, τ) is measured at every "
+        "num_speculative_tokens K = 1..block_size - 1, through vLLM's OpenAI server with eval.latency_prompts prompts "
+        "(K = block_size - 1 reuses the latency sweep's levels in eval.concurrency); the K served (export.json, the "
+        "printed vllm serve command) is the one whose worst TPOT ratio to each level's best is lowest "
+        "(raypipe.eval.best_k); [] skips it and serves block_size - 1.",
+    )
     threshold: float = Field(
         default=0.15,
         gt=0,
@@ -69,11 +77,13 @@ class EvalConfig(_Strict):
         "memory).",
     )
 
-    @field_validator("concurrency")
+    @field_validator("concurrency", "k_concurrency")
     @classmethod
     def _positive_levels(cls, value: list[int]) -> list[int]:
         if any(c < 1 for c in value):
             raise ValueError(f"concurrency levels must be >= 1, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"concurrency levels must differ (each is measured once), got {value}")
         return value
 
     @field_validator("temperatures")

@@ -15,7 +15,12 @@ The engines run one at a time in an actor with a Serve replica's resources
 4. the offline replay of 1's replies at every temperature with the drafter
    outside vLLM (raypipe.eval.offline), on the target's reference states;
 5. the latency sweep (raypipe.eval.latency): vLLM's OpenAI-compatible server
-   with the drafter and without, at each `eval.concurrency`.
+   with the drafter and without, at each `eval.concurrency`;
+6. the K sweep: the server with the drafter at each num_speculative_tokens
+   K = 1..block − 1 at each `eval.k_concurrency` (K = block − 1 taken from 5
+   where the levels coincide). The K chosen (raypipe.eval.best_k) is written
+   into the export's export.json and its vLLM command (`vllm_command` in
+   eval.json too).
 The training-time estimate comes from the run's ledger. `eval.json` and the
 plots are written to `eval.output` (default {train.output}/eval).
 """
@@ -33,6 +38,7 @@ import ray
 from raypipe.compat.ray import metrics_report_interval_s
 from raypipe.config import RaypipeConfig, ServeConfig
 from raypipe.console import logger
+from raypipe.eval.best_k import best_k_report, format_table
 from raypipe.eval.offline import Replay, load_drafter, replay, step_seconds
 from raypipe.eval.prompts import load_prompts
 from raypipe.eval.report import (
@@ -106,28 +112,75 @@ def _generate(
     return runs, list(vllm_cpu_fixes.APPLIED)
 
 
-def _latency(config: dict[str, Any], drafter: str | None, prompts: list[list[int]]) -> list[dict[str, Any]]:
-    """The latency sweep through vLLM's OpenAI-compatible server, with the exported drafter or without one."""
+def _latency(
+    config: dict[str, Any],
+    drafter: str | None,
+    prompts: list[list[int]],
+    k: int | None = None,
+    levels: list[int] | None = None,
+) -> list[dict[str, Any]]:
+    """The latency sweep through vLLM's OpenAI-compatible server, with the exported drafter or without one; with the
+    drafter at `k` drafted tokens (default block − 1), at `levels` (default eval.concurrency). The drafter's rows name
+    their K (`num_speculative_tokens`)."""
     from raypipe.eval.latency import sweep
     from raypipe.serve.vllm_args import engine_args
 
     cfg = RaypipeConfig.model_validate(config)
+    k = k or cfg.train.drafter.block_size - 1
     with tempfile.TemporaryDirectory() as tmp:
         speculative = None
         if drafter == TRAINED:
-            speculative = {
-                "method": "dflash",
-                "model": _local_copy(_export(cfg), tmp),
-                "num_speculative_tokens": cfg.train.drafter.block_size - 1,
-            }
-        return sweep(
+            speculative = {"method": "dflash", "model": _local_copy(_export(cfg), tmp), "num_speculative_tokens": k}
+        rows = sweep(
             engine_args(resolve_target(cfg.serve), cfg.serve),
             speculative,
             prompts[: cfg.eval.latency_prompts],
-            cfg.eval.concurrency,
+            cfg.eval.concurrency if levels is None else levels,
             cfg.eval.max_tokens,
             drafter or "no",
         )
+    return [{**r, "num_speculative_tokens": k} if speculative else r for r in rows]
+
+
+def _k_sweep(
+    cfg: RaypipeConfig, hosts: EngineHosts, config: dict[str, Any], prompts: list[list[int]], latency: list[dict]
+) -> list[dict[str, Any]]:
+    """The trained drafter's rows at every K = 1..block − 1 and level of eval.k_concurrency: K = block − 1 from the
+    latency sweep where its levels coincide (measured once), the rest on a server per K."""
+    last = cfg.train.drafter.block_size - 1
+    levels = cfg.eval.k_concurrency
+    reused = [r for r in latency if r["drafter"] == TRAINED and r["concurrency"] in levels]
+    rows = list(reused)
+    for k in range(1, last + 1):
+        missing = levels if k < last else [c for c in levels if c not in {r["concurrency"] for r in reused}]
+        if missing:
+            logger("eval").info(f"TPOT of the trained drafter at K={k} (of {last}), concurrency {missing}")
+            rows += hosts.call(_latency, config, TRAINED, prompts, k, missing)
+    return rows
+
+
+def _serve_best_k(cfg: RaypipeConfig, best: dict[str, Any], eval_json: str) -> str | None:
+    """export.json rewritten with the chosen K (raypipe.eval.best_k.write_served_k); its new vllm_command, None where
+    no K was chosen (export.json keeps block − 1)."""
+    from raypipe.eval.best_k import write_served_k
+    from raypipe.serve.vllm_args import engine_args, serve_command
+
+    k = best["chosen"]
+    if k is None:
+        return None
+    engine = engine_args(resolve_target(cfg.serve), cfg.serve)
+    chosen_by = {
+        "measurement": "the evaluation's K sweep (eval.json's best_k): mean TPOT through vLLM's OpenAI server, "
+        "temperature 0",
+        "eval": eval_json,
+        "levels": best["levels"],
+        "tpot_ms": {level: best["table"][level][str(k)]["tpot_ms"] for level in best["table"]},
+        "best_per_level": best["best_per_level"],
+        "worst_ratio_to_best": best["worst_ratio_to_best"][str(k)],
+        "rule": best["rule"],
+    }
+    doc = write_served_k(_export(cfg), k, chosen_by, lambda speculative: serve_command(engine, speculative))
+    return doc["vllm_command"]
 
 
 def _offline(
@@ -267,6 +320,9 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             logger("eval").info(f"latency through vLLM's OpenAI server at concurrency {cfg.eval.concurrency}")
             for drafter in ([TRAINED] if refused is None else []) + [None]:
                 latency += hosts.call(_latency, config, drafter, prompts)
+        k_rows: list[dict[str, Any]] = []
+        if cfg.eval.k_concurrency and refused is None:
+            k_rows = _k_sweep(cfg, hosts, config, prompts, latency)
     finally:
         hosts.close()
 
@@ -288,6 +344,7 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
         "vllm_cpu_fixes": fixes,
         **measurements(trained, refused, plain, untrained, offline, steps, cfg.eval.threshold),
         "latency": latency_table(latency),
+        "best_k": best_k_report(k_rows, cfg.train.drafter.block_size) if k_rows else None,
         "draft_vocab": draft_vocab,
     }
     out = eval_output(cfg)
@@ -306,6 +363,15 @@ def run_evaluation(cfg: RaypipeConfig) -> dict[str, Any]:
             out.write(name, Path(tmp, name).read_bytes())
     doc["plots"] = [out.child(p).url for p in sorted(out.glob("*.png"))]
     doc["output"] = out.url
+    doc["vllm_command"] = None
+    if doc["best_k"] is not None:
+        best = doc["best_k"]
+        logger("eval").info(f"TPOT per K (num_speculative_tokens) and concurrency:\n{format_table(best)}")
+        doc["vllm_command"] = _serve_best_k(cfg, best, out.child("eval.json").url)
+        if doc["vllm_command"] is None:
+            logger("eval").warning(f"no K had a TPOT measured: export.json keeps K={best['default']}")
+        else:
+            logger("eval").info(f"served K={best['chosen']} ({best['rule']}): export.json rewritten")
     out.write_json("eval.json", doc)
     for c in doc["comparisons"]:
         if c["flagged"]:
