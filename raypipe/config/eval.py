@@ -62,8 +62,9 @@ class EvalConfig(_Strict):
         default=None,
         ge=1,
         description="τ in vLLM (temperature 0) below which a run stops once it has been measured `patience` times: "
-        "the drafter vLLM serves is not the one training improves. Default: the untrained drafter's τ, measured as "
-        "the engine starts, + 0.25 (raypipe.train.tau_rule.MARGIN).",
+        "the drafter vLLM serves is not the one training improves. Default: the untrained drafter's τ (measured as "
+        "the engine starts) + half the gain over it that the training estimates at that step, at least + 0.25 "
+        "(raypipe.train.tau_rule).",
     )
     patience: int = Field(
         default=3, gt=0, description="Measurements during training before eval.min_tau can stop the run."

@@ -72,7 +72,7 @@ from raypipe.train.replies import open_rows
 from raypipe.train.states import StateCache, stream_states
 from raypipe.train.step import Progress, TrainState, place_drafter, precision, train_step
 from raypipe.train.steplog import StepLog, new_attempt
-from raypipe.train.tau_rule import SCORE, TauTooLow, check_tau, due, min_tau, tau_key, trailing
+from raypipe.train.tau_rule import SCORE, TauTooLow, check_tau, due, tau_key, trailing
 from raypipe.train.trackers import Trackers
 from raypipe.train.vocab import read_draft_vocab
 
@@ -362,7 +362,6 @@ class TauSchedule:
             import ray
 
             self.floor = ray.get(self.probe.started.remote())["floor"]["0"]["tau"]
-            self.limit = min_tau(w.cfg.eval.min_tau, self.floor)
             key = tau_key(0.0)  # the measurements before a restart's checkpoint count toward eval.patience
             self.curve = [(int(s["step"]), s[key]) for s in read_training_curve(w.folders.ledger) if key in s]
             self.curve = [(s, t) for s, t in self.curve if s <= step]
@@ -391,7 +390,7 @@ class TauSchedule:
             if warning:
                 logger("train").warning(f"step {step}: {warning}")
             try:
-                check_tau(self.curve, self.limit, self.w.cfg.eval.patience, self.floor, estimate)
+                check_tau(self.curve, self.w.cfg.eval.min_tau, self.w.cfg.eval.patience, self.floor, estimate)
                 shared = [{**taus, "vllm_tau_seconds": time.perf_counter() - start}]
             except TauTooLow as err:
                 self.w.folders.ledger.write_json(STOPPED, {"step": step, "message": str(err)})
