@@ -76,6 +76,7 @@ def run_arm(arm: str, out: Path) -> dict:
         f"train.output={out / arm / 'train'}",
         f"train.states.cache={out / arm / 'cache'}",
         "eval.concurrency=[]",
+        "eval.k_concurrency=[]",
     ]
     if arm == "off":
         overrides.append("eval.every_steps=null")
