@@ -144,7 +144,7 @@ def check_dashboard_queries(prometheus: Prometheus, start: float) -> None:
     series = prometheus.series_per_query(dashboard_queries(dashboard), start, time.time())
     table = "\n".join(["| query | series |", "|---|---|", *(f"| `{q}` | {n} |" for q, n in series.items())])
     print(table)
-    assert len(series) == 21 and all(series.values()), table
+    assert len(series) == 22 and all(series.values()), table
 
 
 def check_relative_outputs_refused(head: LocalCluster) -> None:
