@@ -63,32 +63,26 @@ class TauProbe:
         self.start_s = time.perf_counter() - start
         self.floor = self._generate()
 
-    def _generate(self) -> dict[str, Any]:
-        """τ, acceptance by position and seconds at each temperature (keys: the temperature as text)."""
+    def _generate(self) -> dict[str, float]:
+        """τ at each temperature (keys: the temperature as text)."""
         from raypipe.eval.spec_decode import generate_once
 
-        out = {}
-        for t in self.temperatures:
-            g = generate_once(self.llm, self.prompts, t, self.max_tokens, "τ during training")
-            out[f"{t:g}"] = {
-                "tau": g.tau,
-                "acceptance_per_position": g.summary()["acceptance_per_position"],
-                "seconds": g.seconds,
-            }
-        return out
+        return {
+            f"{t:g}": generate_once(self.llm, self.prompts, t, self.max_tokens, "τ during training").tau
+            for t in self.temperatures
+        }
 
     def started(self) -> dict[str, Any]:
         """The untrained drafter's measurement and the engine's start time, in seconds."""
         return {"floor": self.floor, "start_s": self.start_s}
 
-    def measure(self, weights: bytes) -> dict[str, Any]:
-        """Reload the drafter's trainable weights (a safetensors file's bytes, exported names) and measure."""
+    def measure(self, weights: bytes) -> dict[str, float]:
+        """Reload the drafter's trainable weights (a safetensors file's bytes, exported names) and measure τ at each
+        temperature."""
         from raypipe.compat.vllm import reload_drafter
 
-        start = time.perf_counter()
         self.llm.collective_rpc(reload_drafter, args=(weights,))
-        reload_s = time.perf_counter() - start
-        return {"tau": self._generate(), "reload_s": reload_s, "seconds": time.perf_counter() - start}
+        return self._generate()
 
     def close(self) -> None:
         self.processes.reap()
@@ -112,7 +106,7 @@ def start_probe(cfg: RaypipeConfig) -> Any:
         .remote(cfg.model_dump(), load_prompts(cfg)[1][: cfg.eval.probe_prompts])  # read where the config was given
     )
     started = ray.get(actor.started.remote())
-    floor = ", ".join(f"{m['tau']:.2f} at T={t}" for t, m in started["floor"].items())
+    floor = ", ".join(f"{tau:.2f} at T={t}" for t, tau in started["floor"].items())
     logger("train").info(
         f"τ in vLLM every {cfg.eval.every_steps} steps and at each checkpoint: engine started in "
         f"{started['start_s']:.1f} s; the untrained drafter's τ {floor}"

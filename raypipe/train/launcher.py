@@ -167,14 +167,15 @@ def run_config(cfg: RaypipeConfig) -> Any:
     from raypipe.console import verbose
 
     storage, pyarrow_fs = _train_storage(cfg)
+    score, order = checkpoint_score(cfg)
     return RunConfig(
         name=cfg.name,
         storage_path=storage.path(),
         storage_filesystem=pyarrow_fs,
         checkpoint_config=CheckpointConfig(
             num_to_keep=cfg.train.run.keep_checkpoints,
-            checkpoint_score_attribute=checkpoint_score(cfg)[0],
-            checkpoint_score_order=checkpoint_score(cfg)[1],
+            checkpoint_score_attribute=score,
+            checkpoint_score_order=order,
         ),
         failure_config=FailureConfig(max_failures=cfg.train.run.max_failures),
         # Ray Train's INFO lines (state transitions, resources, checkpoints) only with --verbose (raypipe.progress).

@@ -361,7 +361,7 @@ class TauSchedule:
         if self.probe is not None:
             import ray
 
-            self.floor = ray.get(self.probe.started.remote())["floor"]["0"]["tau"]
+            self.floor = ray.get(self.probe.started.remote())["floor"]["0"]
             key = tau_key(0.0)  # the measurements before a restart's checkpoint count toward eval.patience
             self.curve = [(int(s["step"]), s[key]) for s in read_training_curve(w.folders.ledger) if key in s]
             self.curve = [(s, t) for s, t in self.curve if s <= step]
@@ -369,10 +369,8 @@ class TauSchedule:
     def measure(self, state: TrainState, step: int, estimate: float) -> dict[str, float]:
         """τ at every eval temperature for the drafter as it is now, as metrics (`tau_key`), with the seconds the
         training waited for it (`vllm_tau_seconds`: the gather, the engine's reload and generation); a collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         start = time.perf_counter()
-        full = get_model_state_dict(state.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        full = state.model_state_dict()
         shared: list[Any] = [None]
         if self.probe is not None:
             import ray
@@ -383,9 +381,9 @@ class TauSchedule:
             with tempfile.TemporaryDirectory() as tmp:
                 state.drafter.save_pretrained(tmp, state_dict=weights)
                 result = ray.get(self.probe.measure.remote(Path(tmp, "model.safetensors").read_bytes()))
-            taus = {tau_key(float(t)): r["tau"] for t, r in result["tau"].items()}
+            taus = {tau_key(float(t)): tau for t, tau in result.items()}
             self.curve.append((step, taus[tau_key(0.0)]))
-            self.latest = ", ".join(f"{r['tau']:.2f}@T={t}" for t, r in result["tau"].items())
+            self.latest = ", ".join(f"{tau:.2f}@T={t}" for t, tau in result.items())
             warning = trailing(taus[tau_key(0.0)], estimate, self.w.cfg.eval.threshold)
             if warning:
                 logger("train").warning(f"step {step}: {warning}")

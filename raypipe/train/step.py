@@ -137,11 +137,15 @@ class TrainState:
         workers."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {
-            "model": get_model_state_dict(self.model, options=options),
+            "model": self.model_state_dict(),
             "optimizer": get_optimizer_state_dict(self.model, self.optimizer, options=options),
             "scheduler": self.scheduler.state_dict(),
             "progress": asdict(self.progress),
         }
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The drafter's full (unsharded) weights on the CPU, whatever the placement; a collective."""
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict` on every rank; "model" may hold the trainable weights only (the frozen ones come
