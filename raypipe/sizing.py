@@ -68,6 +68,16 @@ def _cache_bytes(target: Target, tp: int) -> tuple[int, int]:
     return per_token, linear * (recurrent + conv) // tp
 
 
+def state_files_peak(cfg: RaypipeConfig, state_bytes_per_token: int) -> int:
+    """Bytes of state files in /dev/shm at most (raypipe.serve.transport), beside Ray's object store: each training
+    worker has `train.states.prefetch` steps requested ahead and one being packed, each of up to
+    `train.schedule.step_tokens` tokens; none without the service (`train.states.mode: offline`)."""
+    if cfg.train.states.mode == "offline":
+        return 0
+    steps = cfg.train.run.num_workers * (cfg.train.states.prefetch + 1)
+    return steps * cfg.train.schedule.step_tokens * state_bytes_per_token
+
+
 @dataclass(frozen=True)
 class Sizing:
     state_bytes_per_token: int  # hidden states served per token (bf16)

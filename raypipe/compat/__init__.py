@@ -26,8 +26,8 @@ to check; tests/compat/ has a test per pinned behaviour, so an upgrade fails the
   `utils.chat_template_utils._compile_jinja_template` cache, patches the Jinja sandbox's attribute look-ups
   (raypipe.data.template_engine.JinjaEngine).
 - `ray` (Ray 2.60):
-  - `object_store_memory_proportion`: `ray._private.ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION`
-    (raypipe.doctor's /dev/shm check);
+  - `default_object_store_memory`: `ray._private.utils.resolve_object_store_memory` of
+    `estimate_available_memory()`, the object store a node starts with (raypipe.doctor's /dev/shm check);
   - `current_cluster_file`: `ray._common.utils.get_ray_address_file(None)`, the file `ray.init()` joins a head from
     (raypipe.ray_head, before `ray.init` and in raypipe.doctor);
   - `checkpoint_snapshot_filename`: `ray.train.v2._internal.constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME`

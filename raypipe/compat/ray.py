@@ -9,16 +9,16 @@ from pathlib import Path
 from typing import Any
 
 
-def object_store_memory_proportion() -> float:
-    """The share of a node's memory Ray's object store takes by default (0.3; RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
-    overrides it).
+def default_object_store_memory() -> int:
+    """The object store `ray start` gives this node when told no size: 30% of its available memory
+    (RAY_DEFAULT_OBJECT_STORE_MEMORY_PROPORTION), at most 200 GB and 95% of /dev/shm.
 
-    Relies on (2.60): `ray._private.ray_constants.DEFAULT_OBJECT_STORE_MEMORY_PROPORTION`, which
-    `ray._private.utils.resolve_object_store_memory` multiplies the node's memory by when no size is given.
+    Relies on (2.60): `ray._private.utils.resolve_object_store_memory(estimate_available_memory())`, as
+    `ray._private.resource_and_label_spec` resolves a node's resources.
     """
-    from ray._private.ray_constants import DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+    from ray._private.utils import estimate_available_memory, resolve_object_store_memory
 
-    return DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+    return resolve_object_store_memory(estimate_available_memory())
 
 
 def current_cluster_file() -> Path:

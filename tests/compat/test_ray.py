@@ -12,17 +12,20 @@ import pytest
 from raypipe.compat.ray import (
     checkpoint_snapshot_filename,
     current_cluster_file,
+    default_object_store_memory,
     metrics_report_interval_s,
-    object_store_memory_proportion,
 )
 from raypipe.ray_head import head_to_join
 
 
-def test_the_object_store_takes_the_proportion_of_a_nodes_memory_by_default() -> None:
-    from ray._private.utils import resolve_object_store_memory
+def test_the_object_store_takes_a_share_of_memory_capped_by_dev_shm() -> None:
+    """What raypipe.shm counts the object store as, where `ray start` has no --object-store-memory: 30% of available
+    memory, at most 95% of /dev/shm (a container's --shm-size)."""
+    from ray._private.utils import estimate_available_memory, get_shared_memory_bytes
 
-    assert 0 < object_store_memory_proportion() < 1
-    assert resolve_object_store_memory(2**30) == int(2**30 * object_store_memory_proportion())
+    store = default_object_store_memory()
+    assert 0 < store <= max(0.3 * estimate_available_memory(), 1)
+    assert store <= max(0.95 * get_shared_memory_bytes(), 10**10)  # Ray never caps below 10 GB
 
 
 def test_ray_train_restores_a_run_only_from_a_folder_with_the_checkpoint_snapshot(tmp_path: Path) -> None:
