@@ -186,7 +186,7 @@ def cmd_check_drafter(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     from raypipe.doctor import run_doctor
 
-    return run_doctor(args.recipe, args.overrides)
+    return run_doctor(args.recipe, args.overrides, args.cluster)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         "doctor", help="Check what a run of the recipe needs on this machine: a pass/fail table, each failure's fix."
     )
     doctor.add_argument("--recipe", default="demo", help="Recipe name or YAML file (default: demo).")
+    doctor.add_argument(
+        "--cluster",
+        help="A Ray cluster file (cluster.yaml): the recipe's GPU memory, /dev/shm and AMI against its node types.",
+    )
     doctor.add_argument("overrides", nargs="*", help=OVERRIDES_HELP)
     doctor.set_defaults(func=cmd_doctor)
     return parser

@@ -3,7 +3,10 @@
 Checked, in order: Ray, vLLM and torch import at the versions raypipe pins;
 each NUMA node's memory, and what the recipe's CPU engines need from the node
 vLLM sizes them from (raypipe.node_memory); /dev/shm, where Ray's object store
-and the service's state files live; the ports of a local head and of the
+and the service's state files live, both counted (raypipe.shm); for a GPU
+recipe, the memory a service replica and a training worker need per GPU
+(raypipe.sizing) against the GPUs here, or with `--cluster FILE` against
+the node types of that cluster file, with their AMI and /dev/shm; the ports of a local head and of the
 service, free or held by Ray; the Ray head a command would join (RAY_ADDRESS, or the one the last
 `ray start` here recorded), answering (raypipe.ray_head); the token-auth mode a client needs for the head
 running here (Ray 2.60 starts heads with token auth, and a client sends
@@ -19,22 +22,28 @@ import importlib.metadata
 import json
 import os
 import re
-import shutil
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from raypipe.compat.ray import current_cluster_file, object_store_memory_proportion
+from raypipe.cluster_file import NodeType, ami_problems, node_types
+from raypipe.compat.ray import current_cluster_file, default_object_store_memory
 from raypipe.config import RaypipeConfig, load_config
 from raypipe.node_memory import GIB, engine_fit, engine_node, engine_weights, numa_nodes
 from raypipe.preflight import problems
 from raypipe.ray_head import head_to_join, unreachable
+from raypipe.shm import shm_bytes, shm_shortfall
+from raypipe.sizing import Sizing, size_run, state_files_peak
 from raypipe.storage import Storage, is_url
-from raypipe.target import BUILTIN_TARGETS
+from raypipe.target import BUILTIN_TARGETS, resolve_target
 
 BUILTIN_WEIGHTS = GIB // 10  # every builtin target is under 0.1 GiB; counted so, without building it
+BUILTIN_STATES_PER_TOKEN = 4 << 10  # every builtin target serves under 4 KiB of states per token (at most 9 layer ids
+# of hidden size 128, bf16); counted so, without building it
+TRAIN_GPU_SHARE = 0.8  # a training worker's estimate may take this share of its GPU: the rest for activations and the
+# allocator
 INSTALL = "bash scripts/bootstrap.sh cpu (gpu on GPU machines): it installs the versions in locks/"
 
 
@@ -95,15 +104,115 @@ def _memory(cfg: RaypipeConfig) -> list[Check]:
     return checks
 
 
-def _shm() -> Check:
-    """Ray's object store takes 30% of the memory by default, in /dev/shm when that holds it (else slower /tmp)."""
-    if not os.path.isdir("/dev/shm"):
+def _states_per_token(cfg: RaypipeConfig) -> int:
+    if cfg.serve.model in BUILTIN_TARGETS:
+        return BUILTIN_STATES_PER_TOKEN
+    target = resolve_target(cfg.serve)
+    return target.shape.state_bytes_per_token(len(target.layer_ids))
+
+
+def _shm(cfg: RaypipeConfig) -> Check:
+    """Ray's object store (as `ray start` sizes it here) and the state files' peak, both in /dev/shm."""
+    shm = shm_bytes()
+    if not shm:
         return Check("/dev/shm", False, "missing", "mount a tmpfs at /dev/shm")
-    free = shutil.disk_usage("/dev/shm").free
-    store = psutil.virtual_memory().total * object_store_memory_proportion()
-    detail = f"{free / GIB:.1f} GiB free; Ray's object store takes {store / GIB:.1f} GiB there"
-    fix = f"give /dev/shm at least {store / GIB:.0f} GiB (docker run --shm-size={store / GIB:.0f}g)"
-    return Check("/dev/shm", free >= store, detail, "" if free >= store else fix)
+    try:
+        peak = state_files_peak(cfg, _states_per_token(cfg))
+    except Exception as err:  # noqa: BLE001 - a target whose config cannot be read is the finding
+        return Check("/dev/shm", False, f"the target's config does not load: {type(err).__name__}: {err}", TARGET_FIX)
+    store = default_object_store_memory()
+    detail = (
+        f"{shm / GIB:.1f} GiB; Ray's object store takes {store / GIB:.1f} GiB, the state files up to {peak / GIB:.2f} "
+        "GiB"
+    )
+    problem = shm_shortfall(shm, store, peak)
+    return Check("/dev/shm", problem is None, detail, problem.split("Fix: ")[1] if problem else "")
+
+
+TARGET_FIX = (
+    "set serve.model to a directory holding the target's config.json, or give this machine the Hugging Face hub"
+)
+
+
+def _uses_gpus(cfg: RaypipeConfig) -> bool:
+    return cfg.serve.num_gpus > 0 or cfg.train.run.use_gpu
+
+
+def _gpu_fit(name: str, need: int, share: float, gpu: int, where: str, setting: str) -> Check:
+    detail = (
+        f"needs {need / GIB:.1f} GiB per GPU, {share:.0%} of {gpu / GIB:.1f} GiB is {share * gpu / GIB:.1f} ({where})"
+    )
+    return Check(name, need <= share * gpu, detail, "" if need <= share * gpu else f"{setting}, or use larger GPUs")
+
+
+def _gpus(cfg: RaypipeConfig, cluster: dict | None) -> list[Check]:
+    """What a service replica and a training worker need per GPU (raypipe.sizing) against the GPUs they get: those of
+    the cluster file's node types that carry serve.resource and train.run.resource, else this machine's."""
+    from raypipe.train.drafter import drafter_on_meta
+
+    try:
+        target = resolve_target(cfg.serve)
+        sizing: Sizing = size_run(cfg, target, drafter_on_meta(target, cfg.train))
+    except Exception as err:  # noqa: BLE001 - a target whose config cannot be read is the finding
+        return [
+            Check("GPU memory", False, f"the target's config does not load: {type(err).__name__}: {err}", TARGET_FIX)
+        ]
+    serve_fix = "lower serve.max_batch_tokens or serve.max_sequences, or raise serve.tensor_parallel_size"
+    train_fix = "lower train.schedule.step_tokens or train.objective.max_anchors, or use train.run.strategy=fsdp2"
+    if cluster is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return [
+                Check(
+                    "GPUs",
+                    False,
+                    f"none here; the recipe needs {sizing.serve_bytes_per_gpu / GIB:.1f} GiB per service GPU and "
+                    f"{sizing.train_bytes_per_gpu / GIB:.1f} GiB per training GPU",
+                    "run this on a GPU node, or check a cluster file: raypipe doctor --cluster cluster.yaml",
+                )
+            ]
+        gpu = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+        where = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)} here"
+        return [
+            _gpu_fit("GPU serve", sizing.serve_bytes_per_gpu, cfg.serve.gpu_memory_utilization, gpu, where, serve_fix),
+            _gpu_fit("GPU train", sizing.train_bytes_per_gpu, TRAIN_GPU_SHARE, gpu, where, train_fix),
+        ]
+    nodes = node_types(cluster)
+    checks = []
+    for name, resource, need, share, fix in (
+        ("GPU serve", cfg.serve.resource, sizing.serve_bytes_per_gpu, cfg.serve.gpu_memory_utilization, serve_fix),
+        ("GPU train", cfg.train.run.resource, sizing.train_bytes_per_gpu, TRAIN_GPU_SHARE, train_fix),
+    ):
+        carriers = [n for n in nodes if resource in n.resources]
+        if not carriers:
+            checks.append(Check(name, False, f"no node type of the cluster file has {resource}", f"add {resource}"))
+            continue
+        for node in carriers:
+            where = f"node type {node.name}, {node.instance_type}"
+            checks.append(_gpu_fit(name, need, share, node.gpu_bytes, where, fix))
+    checks += _cluster_shm(cfg, nodes, sizing.state_bytes_per_token)
+    problems_found = ami_problems(cluster)
+    checks.append(
+        Check("AMI", not problems_found, "; ".join(problems_found) or "every node type boots an R580+ driver AMI")
+    )
+    return checks
+
+
+def _cluster_shm(cfg: RaypipeConfig, nodes: list[NodeType], per_token: int) -> list[Check]:
+    """Each node type that runs service replicas: its /dev/shm holds its object store and the state files' peak."""
+    peak = state_files_peak(cfg, per_token)
+    checks = []
+    for node in (n for n in nodes if cfg.serve.resource in n.resources):
+        problem = shm_shortfall(node.shm_bytes, node.object_store_bytes, peak)
+        detail = (
+            f"{node.shm_bytes / GIB:.0f} GiB; the object store takes {node.object_store_bytes / GIB:.1f} GiB, state "
+            f"files up to {peak / GIB:.2f} GiB"
+        )
+        checks.append(
+            Check(f"/dev/shm {node.name}", problem is None, detail, problem.split("Fix: ")[1] if problem else "")
+        )
+    return checks
 
 
 def _holder(port: int) -> tuple[str, bool] | None:
@@ -202,7 +311,7 @@ def _storage(key: str, url: str, options: dict) -> Check:
         return Check(name, False, f"{url}: {type(err).__name__}: {err}", fix)
 
 
-def checks(cfg: RaypipeConfig) -> list[Check]:
+def checks(cfg: RaypipeConfig, cluster: dict | None = None) -> list[Check]:
     ports = [
         (6379, "Ray's GCS", "stop it, or start the head on another: ray start --head --port=PORT"),
         (8265, "Ray's dashboard and job API", "stop it, or start the head with --dashboard-port=PORT"),
@@ -213,7 +322,8 @@ def checks(cfg: RaypipeConfig) -> list[Check]:
         _vllm(),
         _package("torch", "torch", "torch"),
         *_memory(cfg),
-        _shm(),
+        _shm(cfg),
+        *(_gpus(cfg, cluster) if _uses_gpus(cfg) or cluster is not None else []),
         *(_port(*port) for port in ports),
         _ray_head(),
         _auth(),
@@ -244,9 +354,12 @@ def table(found: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def run_doctor(recipe: str, overrides: list[str]) -> int:
-    """Print the table for `recipe` with `overrides`; returns the exit status: 1 when a check fails."""
+def run_doctor(recipe: str, overrides: list[str], cluster_file: str | None = None) -> int:
+    """Print the table for `recipe` with `overrides` (and the node types of `cluster_file`); returns the exit status:
+    1 when a check fails."""
+    import yaml
+
     cfg = load_config(recipe, overrides)
-    found = checks(cfg)
+    found = checks(cfg, yaml.safe_load(Path(cluster_file).read_text()) if cluster_file else None)
     print(f"raypipe doctor: recipe {cfg.name}\n{table(found)}")
     return int(not all(c.ok for c in found))

@@ -20,10 +20,13 @@ ROWS += [
 ]  # "memory node 1"... on NUMA
 
 
-def doctor(*overrides: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, tuple[str, str]], str]:
+def doctor(
+    *overrides: str, env: dict[str, str] | None = None, recipe: str = "demo", cluster: str | None = None
+) -> tuple[int, dict[str, tuple[str, str]], str]:
     """(exit status, {check: (PASS or FAIL, detail or fix)}, output) of `raypipe doctor --recipe demo`."""
+    options = ["--cluster", str(ROOT / cluster)] if cluster else []
     out = subprocess.run(
-        [sys.executable, "-m", "raypipe.cli", "doctor", "--recipe", "demo", *overrides],
+        [sys.executable, "-m", "raypipe.cli", "doctor", "--recipe", recipe, *options, *overrides],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -91,3 +94,27 @@ def test_a_dead_head_that_commands_would_join_fails_with_the_fix(tmp_path):
     env["RAY_ADDRESS"] = "local"  # the other fix: a fresh local instance
     status, rows, out = doctor(f"data.output={tmp_path}/prepared", f"train.output={tmp_path}/train", env=env)
     assert rows["ray head"] == ("PASS", "RAY_ADDRESS=local: commands start a local Ray instance"), out
+
+
+def test_a_gpu_recipe_is_checked_against_the_cluster_files_gpus_shm_and_ami(tmp_path):
+    """Qwen3.6-27B (its published config, no weights) on cluster.yaml's 8 x H200 node: each stage's memory per GPU
+    (raypipe.sizing), the state files beside the object store in /dev/shm, the AMI. On cluster_separate.yaml's L40S
+    service nodes one GPU per replica cannot hold the target: the row says so, with the fix."""
+    from raypipe.assets.published import write_config_dir
+
+    target = write_config_dir("Qwen/Qwen3.6-27B", tmp_path / "target")
+    common = [
+        f"serve.model={target}",
+        "train.drafter.mask_token_id=151669",
+        f"data.output={tmp_path}/prepared",
+        f"train.output={tmp_path}/train",
+    ]
+    status, rows, out = doctor(*common, recipe="qwen36_27b", cluster="cluster.yaml")
+    for row in ("GPU serve", "GPU train", "/dev/shm gpu", "AMI", "/dev/shm"):
+        assert rows[row][0] == "PASS", out
+    assert "(node type gpu, p5en.48xlarge)" in rows["GPU serve"][1] and "state files up to 3.52 GiB" in out, out
+
+    one_gpu = ["serve.tensor_parallel_size=1", "serve.num_gpus=1"]
+    status, rows, out = doctor(*common, *one_gpu, recipe="qwen36_27b", cluster="cluster_separate.yaml")
+    assert status == 1 and rows["GPU serve"][0] == "FAIL", out
+    assert "raise serve.tensor_parallel_size" in rows["GPU serve"][1] and rows["GPU train"][0] == "PASS", out
