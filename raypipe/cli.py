@@ -73,7 +73,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from raypipe.serve.deployment import run_service
+    from raypipe.serve.deployment import run_service, run_state_files_peak
 
     cfg = _config(args)
     _connect_ray(args, cfg)
@@ -81,7 +81,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"hidden-state service on http://{cfg.serve.http_host}:{cfg.serve.http_port}/hidden_states "
         "(health, stats, canary)"
     )
-    run_service(cfg.serve, blocking=True)
+    run_service(cfg.serve, blocking=True, state_files_peak=run_state_files_peak(cfg))
     return 0
 
 

@@ -260,7 +260,7 @@ def train_stage(cfg: RaypipeConfig) -> Trained:
         if handle is None:
             root.write_json(record, {"deploying_since": time.time()})  # before: a job killed while deploying
             try:
-                handle = ensure_service(cfg.serve)
+                handle = ensure_service(cfg)
             except BaseException:
                 root.fs.rm(root.path(record))  # none runs: a later service is not this run's
                 raise

@@ -41,3 +41,18 @@ def shm_shortfall(shm: int, object_store: int, peak: int) -> str | None:
         f"Fix: give /dev/shm at least {need:.1f} GiB (docker run --shm-size={int(need) + 1}g, as cluster.yaml sets per "
         "node type), or start Ray with a smaller --object-store-memory, or lower train.states.prefetch"
     )
+
+
+def check_node_shm(peak: int) -> None:
+    """Refuse, with the numbers and the fix, a node whose /dev/shm cannot hold the state files' `peak` beside its
+    object store (run by each service replica at start, on its own node)."""
+    import ray
+
+    shm = shm_bytes()
+    if not shm or not peak:
+        return  # no /dev/shm: states go through the object store (raypipe.serve.transport)
+    node = ray.get_runtime_context().get_node_id()
+    [store] = [n["Resources"].get("object_store_memory", 0) for n in ray.nodes() if n["NodeID"] == node]
+    problem = shm_shortfall(shm, int(store), peak)
+    if problem is not None:
+        raise ValueError(f"this node's {problem}")

@@ -14,7 +14,9 @@ left on it (raypipe.serve.reaper), its own when it shuts down. An HTTP ingress
 operators; the trainer uses the handle.
 
 Deploying fails fast: the replicas' engines are checked against the machine's
-memory first (raypipe.node_memory), and the first replica that cannot start
+memory first (raypipe.node_memory), each replica checks that its node's
+/dev/shm holds the state files' peak beside the object store (raypipe.shm)
+before it starts its engine, and the first replica that cannot start
 fails the deployment, which raises that replica's own error (vLLM's, with the
 setting that fixes it: raypipe.serve.vllm_engine) instead of Serve retrying it.
 """
@@ -36,7 +38,7 @@ from fastapi import FastAPI, HTTPException
 from ray import serve
 from ray.util.metrics import Gauge, Histogram
 
-from raypipe.config import ServeConfig
+from raypipe.config import RaypipeConfig, ServeConfig
 from raypipe.console import logger
 from raypipe.counters import counter
 from raypipe.node_memory import check_engine_memory
@@ -58,7 +60,9 @@ from raypipe.serve.transport import (
 )
 from raypipe.serve.validate import validate_batch
 from raypipe.serve.vllm_args import ENGINE_ENV
-from raypipe.target import resolve_model, resolve_target
+from raypipe.shm import check_node_shm
+from raypipe.sizing import state_files_peak
+from raypipe.target import resolve_target
 
 APP_NAME = "raypipe_hidden_states"
 METHODS = ("extract", "generate")  # the service's request kinds: the `method` tag of its counters
@@ -120,7 +124,8 @@ def _deliver(paths: list[str], batch: list[list[int]], owner: str | None) -> lis
 @serve.deployment
 @serve.ingress(api)
 class HiddenStateService:
-    async def __init__(self, cfg: ServeConfig) -> None:
+    async def __init__(self, cfg: ServeConfig, state_files_peak: int = 0) -> None:
+        check_node_shm(state_files_peak)
         reclaim_orphans()
         target = resolve_target(cfg)
         self.target = target
@@ -370,8 +375,9 @@ def engine_process_options(cfg: ServeConfig) -> dict[str, Any]:
     return options
 
 
-def build_app(cfg: ServeConfig) -> Any:
-    """The Serve application for a config: replicas, resources and limits from `serve.*`."""
+def build_app(cfg: ServeConfig, state_files_peak: int = 0) -> Any:
+    """The Serve application for a config: replicas, resources and limits from `serve.*`; each replica checks that
+    `state_files_peak` bytes of state files fit in its node's /dev/shm (raypipe.sizing.state_files_peak)."""
     return HiddenStateService.options(
         ray_actor_options=engine_process_options(cfg),
         max_ongoing_requests=cfg.max_ongoing_requests,
@@ -384,7 +390,7 @@ def build_app(cfg: ServeConfig) -> Any:
             "upscale_delay_s": cfg.upscale_delay_s,
             "downscale_delay_s": cfg.downscale_delay_s,
         },
-    ).bind(cfg)
+    ).bind(cfg, state_files_peak)
 
 
 def replica_error(app: Any) -> str:
@@ -395,11 +401,13 @@ def replica_error(app: Any) -> str:
     return found[-1] if found else app.message
 
 
-def deploy(cfg: ServeConfig, blocking: bool = False) -> Any:
+def deploy(cfg: ServeConfig, blocking: bool = False, state_files_peak: int = 0) -> Any:
     """Deploy the service on the running Serve; returns the handle once it serves (then blocks if `blocking`). When a
     replica fails to start, the application is deleted and the replica's error raised."""
     try:
-        return serve.run(build_app(cfg), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking)
+        return serve.run(
+            build_app(cfg, state_files_peak), name=APP_NAME, route_prefix="/hidden_states", blocking=blocking
+        )
     except RuntimeError:
         app = serve.status().applications.get(APP_NAME)
         if app is None or app.status != "DEPLOY_FAILED":
@@ -408,12 +416,12 @@ def deploy(cfg: ServeConfig, blocking: bool = False) -> Any:
     raise RuntimeError(f"the hidden-state service did not start: {replica_error(app)}")
 
 
-def run_service(cfg: ServeConfig, blocking: bool = True) -> Any:
+def run_service(cfg: ServeConfig, blocking: bool = True, state_files_peak: int = 0) -> Any:
     """Start Serve's HTTP proxy on the configured host, check that the replicas' engines fit this machine's memory,
     and deploy the service; returns the handle."""
     serve.start(http_options={"host": cfg.http_host, "port": cfg.http_port})
     check_engine_memory(cfg, cfg.max_replicas)
-    return deploy(cfg, blocking)
+    return deploy(cfg, blocking, state_files_peak)
 
 
 def attach_service(cfg: ServeConfig) -> Any | None:
@@ -442,10 +450,17 @@ def attach_service(cfg: ServeConfig) -> Any | None:
     return handle
 
 
-def ensure_service(cfg: ServeConfig) -> Any:
-    """Attach to the running hidden-state service, or deploy it; returns the handle once it serves."""
-    handle = attach_service(cfg)
+def ensure_service(cfg: RaypipeConfig) -> Any:
+    """Attach to the running hidden-state service, or deploy it for the run's trainers; returns the handle once it
+    serves."""
+    handle = attach_service(cfg.serve)
     if handle is not None:
         return handle
-    resolve_model(cfg.model)  # a builtin target is built here with every core, not in the replica's one thread
-    return run_service(cfg, blocking=False)
+    return run_service(cfg.serve, blocking=False, state_files_peak=run_state_files_peak(cfg))
+
+
+def run_state_files_peak(cfg: RaypipeConfig) -> int:
+    """The state files' peak in /dev/shm for the run's trainers (raypipe.sizing.state_files_peak); a builtin target is
+    built here with every core, not in the replica's one thread."""
+    target = resolve_target(cfg.serve)
+    return state_files_peak(cfg, target.shape.state_bytes_per_token(len(target.layer_ids)))

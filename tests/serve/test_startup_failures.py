@@ -147,3 +147,17 @@ def test_a_replica_whose_engine_cannot_start_fails_the_deploy_with_vllms_error(r
     assert "EngineStartError: vLLM did not start: ValueError: Available memory on node 0 (" in message
     assert "less than requested memory for kv (4096.0 GiB)" in message and "Fix: lower serve.kv_cache_gib" in message
     assert APP_NAME not in serve.status().applications
+
+
+@pytest.mark.integration
+def test_a_replica_whose_node_cannot_hold_the_state_files_fails_the_deploy_before_its_engine(ray_cluster, tiny_target):
+    """The state files' peak (raypipe.sizing.state_files_peak) must fit in /dev/shm beside this node's object store:
+    a replica refuses, with the numbers and the fix, before it starts an engine."""
+    from raypipe.shm import shm_bytes
+
+    with pytest.raises(RuntimeError) as failed:
+        deploy(serve_config(tiny_target), state_files_peak=shm_bytes() + 1)
+    message = str(failed.value)
+    assert "this node's /dev/shm holds " in message and "Ray's object store takes " in message, message
+    assert "Fix: give /dev/shm at least " in message and "lower train.states.prefetch" in message, message
+    assert APP_NAME not in serve.status().applications

@@ -376,7 +376,7 @@ def test_attaching_to_a_service_that_serves_another_target_is_refused(prepared: 
     from raypipe.serve.deployment import ensure_service
 
     cfg = run_config(prepared, tmp_path)
-    assert ensure_service(cfg.serve).describe.remote().result()["model"] == cfg.serve.model
+    assert ensure_service(cfg).describe.remote().result()["model"] == cfg.serve.model
     other = run_config(prepared, tmp_path, "serve.model=builtin:demo", "serve.layer_ids=[1,2,3,4]")
     with pytest.raises(ValueError, match="serve shutdown"):
-        ensure_service(other.serve)
+        ensure_service(other)
