@@ -144,7 +144,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
     from raypipe.config import TrainConfig
     from raypipe.train.anchors import install_row_anchors
     from raypipe.train.batches import DeviceFeeder, Step
-    from raypipe.train.drafter import drafter_config, loss_implementation, step_kwargs
+    from raypipe.train.drafter import drafter_config, loss_implementation, share_verifier_head, step_kwargs
     from raypipe.train.metrics import StepMetrics
     from raypipe.train.rows import Row
     from raypipe.train.step import TrainState, make_optimizer, place_drafter, precision, train_step
@@ -166,6 +166,7 @@ def run_strategy(strategy: str, args: argparse.Namespace, target: Any, device: A
                     not param.requires_grad and param.dim() == 2
                 ):  # the target's embedding and heads, left empty until load_verifier_weights
                     param.normal_(0.0, 0.02)
+    share_verifier_head(drafter)  # one head tensor, as build_drafter leaves it
     install_row_anchors(drafter, tc.objective.max_anchors)
     model = place_drafter(drafter, strategy, device)
     optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], lr=1e-4, weight_decay=0.0)

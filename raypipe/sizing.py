@@ -16,9 +16,10 @@ Service replica (vLLM, bf16, tensor parallel `tp`):
   `gpu_memory_utilization` of the GPU.
 
 Training worker (bf16 autocast, AdamW):
-- trainable parameters: fp32 weights, gradients and two Adam moments, 16 bytes each;
-- frozen parameters (the target's embedding and heads): bf16, 2 bytes each;
-- both divided by the workers under FSDP2 (replicated under DDP);
+- trainable parameters: fp32 weights, gradients and two Adam moments, 16 bytes
+  each, divided by the workers under FSDP2 (replicated under DDP);
+- frozen parameters (the target's embedding and LM head, the drafter's head
+  and its targets' one tensor): bf16, 2 bytes each, replicated under both;
 - per step: the pack's hidden states (step_tokens x layer ids x hidden x
   2 bytes) and the logits of every drafted position (max_pack_anchors x block_size
   x draft vocabulary) for the drafter and the target, bf16, plus their fp32 copy in
@@ -107,7 +108,7 @@ def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Si
     trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     frozen = sum(p.numel() for p in drafter.parameters() if not p.requires_grad)
     shards = cfg.train.run.num_workers if cfg.train.run.strategy == "fsdp2" else 1
-    static = (trainable * 16 + frozen * 2) // shards
+    static = trainable * 16 // shards + frozen * 2
     states = cfg.train.schedule.step_tokens * target.shape.state_bytes_per_token(len(target.layer_ids))
     draft_vocab = cfg.train.drafter.draft_vocab_size or target.shape.vocab_size
     logits = cfg.train.objective.max_pack_anchors * cfg.train.drafter.block_size * draft_vocab * 8
@@ -124,3 +125,20 @@ def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Si
         train_step_per_gpu=states + logits,
         train_bytes_per_gpu=static + states + logits,
     )
+
+
+def fsdp_gather_bytes_per_step(
+    layer_params: int, root_params: int, frozen: int, frozen_sharded: bool, param_bytes: int = 2
+) -> int:
+    """Bytes each rank receives from FSDP2's all-gathers in one optimizer step: each draft layer's parameters twice
+    (forward, and backward after the forward resharded them), the root's other parameters once (FSDP2 keeps the
+    root's gathered until the backward ends), and, when they were sharded with the root (before issue 39), the frozen
+    ones too; `param_bytes` per parameter (bf16 on GPUs, fp32 on CPUs). Shards' padding not counted."""
+    return param_bytes * (2 * layer_params + root_params + (frozen if frozen_sharded else 0))
+
+
+def fsdp_gather_bytes_per_checkpoint(trainable: int, frozen: int, frozen_sharded: bool, frozen_bytes: int = 2) -> int:
+    """Bytes each rank receives from the all-gathers of a checkpoint's full state dicts: fp32 trainable weights and
+    AdamW's two fp32 moments, and, when they were sharded (before issue 39), the frozen parameters, `frozen_bytes`
+    each (bf16 on GPUs, fp32 on CPUs)."""
+    return 12 * trainable + (frozen_bytes * frozen if frozen_sharded else 0)

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 from raypipe.assets.published import write_config_dir
 from raypipe.config import load_config
 from raypipe.serve.vllm_args import engine_args
-from raypipe.sizing import size_run
+from raypipe.sizing import fsdp_gather_bytes_per_checkpoint, fsdp_gather_bytes_per_step, size_run
 from raypipe.target import resolve_target
 from raypipe.train.drafter import drafter_on_meta
 
@@ -99,9 +99,25 @@ def test_each_stage_derives_the_real_shape(recipe: str, tmp_path: Path) -> None:
     sizing = size_run(cfg, target, drafter)
     print(recipe, sizing.summary())
     assert sizing.drafter_trainable == expected
-    assert (
-        sizing.drafter_frozen == 3 * vocab * hidden + hidden
-    )  # embedding, LM head, the target's LM head for the targets, its final norm
+    # embedding, the LM head (the drafter's and its targets' one tensor), the target's final norm; replicated
+    assert drafter.verifier_lm_head.weight is drafter.lm_head.weight
+    assert sizing.drafter_frozen == 2 * vocab * hidden + hidden
+    shards = cfg.train.run.num_workers if cfg.train.run.strategy == "fsdp2" else 1
+    assert sizing.train_static_per_gpu == expected * 16 // shards + sizing.drafter_frozen * 2
+
+    # FSDP2's all-gathers (bf16): issue 39 took the frozen matrices out, three of them before the heads were shared.
+    frozen_before = 3 * vocab * hidden + hidden
+    layers = expected - (len(layer_ids) - 1) * hidden * hidden - 2 * hidden  # the fc and two norms are the root's
+    root = expected - layers
+    before = fsdp_gather_bytes_per_step(layers, root, frozen_before, frozen_sharded=True)
+    after = fsdp_gather_bytes_per_step(layers, root, sizing.drafter_frozen, frozen_sharded=False)
+    assert after == 2 * (2 * layers + root)  # each layer gathered for the forward and again for the backward
+    assert before - after == 2 * frozen_before
+    assert after / before < {"qwen3_8b": 0.52, "qwen36_27b": 0.48}[recipe]
+    assert fsdp_gather_bytes_per_checkpoint(expected, frozen_before, frozen_sharded=True) == (
+        12 * expected + 2 * frozen_before
+    )
+    assert fsdp_gather_bytes_per_checkpoint(expected, sizing.drafter_frozen, frozen_sharded=False) == 12 * expected
     assert sizing.state_bytes_per_token == state_bytes
 
     # Memory per GPU against the GPUs each cluster layout gives each stage.

@@ -9,9 +9,11 @@ A checkpoint directory (uploaded by Ray Train to the run's storage):
   provenance.json        raypipe version, target and its digest, data manifest hash, library versions
 
 The files are the parts of a TrainState's state_dict (raypipe.train.step):
-full state dicts gathered with torch.distributed.checkpoint's state-dict API
-(a collective: every rank calls it), so a checkpoint written by N workers
-loads on any number of workers, sharded or not.
+full state dicts (a collective: every rank calls it), so a checkpoint written
+by N workers loads on any number of workers, sharded or not. Only trainable
+weights and their optimizer state are gathered; the frozen embedding and head
+are replicated, and a draft vocabulary's head, the one frozen matrix saved,
+is written from rank 0's own copy.
 
 A model whose trainable parameters hold NaN or Inf on any rank is refused
 before anything is written, on every rank alike: the stored checkpoints stay

@@ -6,7 +6,8 @@ target's config; the number of draft layers and the block size from
 drafter reads the auxiliary target layers (the served layer ids but the
 last; raypipe's ids are vLLM's and speculators' convention) and
 takes its targets from the last one through the target's own final norm and
-LM head. Embedding and LM head are copied from the target and frozen.
+LM head. Embedding and LM head are copied from the target and frozen; the
+drafter's head and the head of its targets are one tensor (`share_verifier_head`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,20 @@ def build_drafter(target: Target, cfg: TrainConfig, vocab: DraftVocab | None) ->
     if vocab is not None:
         model.load_vocab_mappings(vocab.t2d, vocab.d2t)
     model.load_verifier_weights()
+    assert torch.equal(model.lm_head.weight, model.verifier_lm_head.weight), "speculators loads both from the target"
+    share_verifier_head(model)
     return model
+
+
+def share_verifier_head(model: Any) -> None:
+    """`verifier_lm_head` made `lm_head`'s parameter: one tensor where speculators keeps two equal copies.
+
+    Both are the target's LM head, frozen (with a draft vocabulary, both its rows of the draft tokens): the forward
+    takes the targets from verifier_lm_head and the logits from lm_head, so loss and metrics do not change. The copy
+    is the size of the target's head on every training GPU (2.5 GB at Qwen3.6-27B's shape, bf16). Checkpoints do not
+    change either: speculators never saves verifier_lm_head (it rebuilds it from the target on load).
+    """
+    model.verifier_lm_head.weight = model.lm_head.weight
 
 
 def drafter_on_meta(target: Target, cfg: TrainConfig) -> Any:
@@ -122,7 +136,9 @@ def drafter_on_meta(target: Target, cfg: TrainConfig) -> Any:
 
     config = drafter_config(target, cfg)
     with torch.device("meta"):
-        return DFlashDraftModel(config=config)
+        model = DFlashDraftModel(config=config)
+    share_verifier_head(model)
+    return model
 
 
 def step_kwargs(cfg: TrainConfig) -> dict[str, Any]:

@@ -5,10 +5,12 @@
 2. Plan (`plan_epochs`): every worker computes the same epoch plans
    (raypipe.train.plan) from the row lengths with replies.
 3. Model (`Trainer.__init__`): the drafter on the training device, frozen
-   embedding and heads in bf16 on GPUs, wrapped for DDP or FSDP2 (bf16
-   parameters, fp32 gradient reduction), optimizer and schedule, bundled with
-   the progress in one TrainState (raypipe.train.step), restored from the
-   last checkpoint if the worker group restarted.
+   embedding and head (one tensor for the drafter's logits and its targets)
+   in bf16 on GPUs and replicated, wrapped for DDP or FSDP2 (the trainable
+   parameters sharded, bf16 parameters, fp32 gradient reduction), optimizer
+   and schedule, bundled with the progress in one TrainState
+   (raypipe.train.step), restored from the last checkpoint if the worker
+   group restarted.
 4. Steps (`Trainer.run`, one `Trainer.train_one` each): hidden states of
    the next `prefetch` steps are in flight; a background thread packs each
    step and copies it to the device (raypipe.train.batches); metrics stay on
@@ -376,7 +378,7 @@ class TauSchedule:
             import ray
 
             trainable = {n for n, p in state.drafter.named_parameters() if p.requires_grad}
-            weights = {k: v for k, v in full.items() if k in trainable}  # the frozen matrices are the engine's already
+            weights = {k: v for k, v in full.items() if k in trainable}  # the engine has the rest
             assert weights, "no trainable weight by the drafter's parameter names"
             with tempfile.TemporaryDirectory() as tmp:
                 state.drafter.save_pretrained(tmp, state_dict=weights)

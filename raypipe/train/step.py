@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
@@ -51,9 +50,15 @@ def precision(device: torch.device) -> tuple[AbstractContextManager[Any], torch.
 def place_drafter(drafter: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
     """The drafter on `device`, wrapped for data parallelism.
 
-    On GPUs the frozen embedding and heads (the target's, the largest tensors
+    On GPUs the frozen embedding and head (the target's, the largest tensors
     of a drafter) are stored in bf16, and FSDP2 gathers parameters in bf16 and
-    reduces gradients in fp32.
+    reduces gradients in fp32. FSDP2 shards only what trains: the frozen
+    parameters are `ignored_params`, plain tensors replicated on every rank,
+    because sharded they would be all-gathered at every step and at every
+    checkpoint for no gradient (7.6 GB per step at Qwen3.6-27B's shape, three
+    248320 x 5120 bf16 matrices before the heads were shared). FSDP2 neither
+    moves nor casts ignored parameters: they are on `device`, in bf16 on GPUs,
+    before it wraps.
     """
     drafter = drafter.to(device)
     if device.type == "cuda":
@@ -70,7 +75,8 @@ def place_drafter(drafter: torch.nn.Module, strategy: str, device: torch.device)
         )
         for layer in drafter.layers:
             fully_shard(layer, mp_policy=policy)
-        return fully_shard(drafter, mp_policy=policy)
+        frozen = {p for p in drafter.parameters() if not p.requires_grad}
+        return fully_shard(drafter, mp_policy=policy, ignored_params=frozen)
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(drafter, device_ids=[device.index] if device.type == "cuda" else None)
@@ -132,9 +138,9 @@ class TrainState:
         return cls(drafter, model, optimizer, scheduler, cfg.optim.grad_clip, step_kwargs(cfg), precision(device)[0])
 
     def state_dict(self) -> dict[str, Any]:
-        """Full (unsharded) trainable weights and optimizer state on the CPU, schedule and progress. A collective
-        (every rank calls it): the same dict whatever the placement, so a checkpoint loads on any number of
-        workers."""
+        """Full (unsharded) weights (`model_state_dict`) and optimizer state on the CPU, schedule and progress. A
+        collective (every rank calls it): the same dict whatever the placement, so a checkpoint loads on any number
+        of workers."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return {
             "model": self.model_state_dict(),
@@ -144,12 +150,30 @@ class TrainState:
         }
 
     def model_state_dict(self) -> dict[str, torch.Tensor]:
-        """The drafter's full (unsharded) weights on the CPU, whatever the placement; a collective."""
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        """What the drafter's save_pretrained writes, on the CPU of rank 0 (empty on the others, like torch's full
+        state dicts with cpu_offload): the trainable weights gathered whole, the buffers and, with a draft
+        vocabulary, the LM head, which vLLM reads from the checkpoint; a collective.
+
+        The frozen parameters are replicated (`place_drafter`), so none is gathered: the draft vocabulary's head is
+        rank 0's own copy; the embedding and full-vocabulary heads are the target's, never saved. Not torch's
+        `ignore_frozen_params`: it drops only the first name of the shared head, and copies verifier_lm_head whole
+        to the CPU."""
+        keep = not dist.is_initialized() or dist.get_rank() == 0
+        frozen = {name for name, p in self.drafter.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        weights: dict[str, torch.Tensor] = {}
+        for name, value in self.drafter.state_dict().items():
+            if name in frozen:
+                continue
+            full = value.full_tensor() if isinstance(value, DTensor) else value  # FSDP2: a collective
+            if keep:
+                weights[name] = full.detach().cpu()
+        if keep and self.drafter.use_draft_vocab:
+            weights["lm_head.weight"] = self.drafter.lm_head.weight.detach().cpu()
+        return weights
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a `state_dict` on every rank; "model" may hold the trainable weights only (the frozen ones come
-        from the target)."""
+        """Restore a `state_dict` on every rank; "model" holds the trainable weights (the frozen ones come from the
+        target; a draft vocabulary's LM head, equal to the target's rows, is loaded too)."""
         options = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(self.model, state["model"], options=options)
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
