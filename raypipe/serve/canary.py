@@ -12,6 +12,20 @@ non-finite tokens are named by position, each prompt is judged on its own
 (root mean square over its tokens), and so is each token, more loosely: a
 layer zero only past a block boundary, or wrong only on one prompt's tail, is
 not averaged away by the tokens that are right.
+
+The reference runs on the replica's one CPU at any target size: streamed one
+decoder layer at a time from the safetensors files (raypipe.serve.streamed_reference),
+it holds one layer and the batch's activations instead of the whole model (at
+Qwen3.6-27B 1.9 GiB with the process instead of 54 GB:
+raypipe.sizing.canary_reference_bytes) and takes about 2 minutes of one CPU
+thread there, the weights in the page cache (bench/canary_scale.py measures 2.6 s
+per GB of decoder weights; a cold start adds reading them from disk). It
+computes the same states as the whole model, bit for bit. Each replica computes
+its own: a verdict cached per model fingerprint would let a later replica skip
+checking its own engine (another vLLM build, GPU, tensor parallelism or dtype),
+which is what the canary is for; caching the reference states instead would need
+storage every replica sees, which a service started on its own does not have.
+Running it on the replica's GPU would contend for the memory vLLM sized itself to.
 """
 
 from __future__ import annotations
@@ -249,12 +263,11 @@ class Canary:
     """The canary of one replica: its transformers reference is computed once, on first use, in bf16, and runs are
     serialized.
 
-    The reference is a full copy of the target (fp32 would be twice the
-    serving weights, on every call); only its states on the canary prompts are
-    kept, a few MB, and the model is freed once they are computed. bf16 against
-    an fp32 or bf16 engine stays within `BF16_TOLERANCE` per prompt (under 1e-2
-    on the tiny targets, 0.0142 on the trained demo target), while a wrong
-    layer is off by tens of percent.
+    The reference streams the target one decoder layer at a time (fp32 would
+    double each layer); only its states on the canary prompts are kept, 22 MB
+    at 27B. bf16 against an fp32 or bf16 engine stays within `BF16_TOLERANCE`
+    per prompt (under 1e-2 on the tiny targets, 0.0142 on the trained demo
+    target), while a wrong layer is off by tens of percent.
     """
 
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...], max_len: int | None = None) -> None:
@@ -267,17 +280,17 @@ class Canary:
         self._reference: Reference | None = None
         self._lock = (
             asyncio.Lock()
-        )  # one run at a time: two at once would load two references and double the engine's load
+        )  # one run at a time: two at once would compute two references and double the engine's load
 
     def _build(self) -> Reference:
-        from raypipe.serve.hf_engine import TransformersEngine
+        from raypipe.serve.streamed_reference import StreamedReference
 
-        engine = TransformersEngine(self.model_dir, self.layer_ids, dtype="bfloat16")
-        prompts = canary_prompts(engine.vocab_size, self.max_len)
-        self.reference_dtype = str(engine.model.dtype).removeprefix("torch.")
+        reference = StreamedReference(self.model_dir, self.layer_ids, dtype=torch.bfloat16)
+        prompts = canary_prompts(reference.vocab_size, self.max_len)
+        self.reference_dtype = str(reference.dtype).removeprefix("torch.")
         self.builds += 1
-        kinds = layer_kinds(TargetShape.of(engine.model.config), self.layer_ids)
-        return Reference(prompts, engine.extract(prompts), kinds)
+        kinds = layer_kinds(TargetShape.of(reference.model.config), self.layer_ids)
+        return Reference(prompts, reference.extract(prompts), kinds)
 
     async def run(self, served: Callable[[list[list[int]]], Awaitable[list[torch.Tensor]]]) -> CanaryReport:
         """Compare the states `served` returns for the canary prompts with the reference, per layer and token."""
