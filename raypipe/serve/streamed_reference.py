@@ -10,7 +10,7 @@ same dtype (tests/serve/test_streamed_reference.py). Only the rows of the
 embedding that the prompts use are read, and only the tapped layers' outputs
 are kept. Resident at once: one decoder layer (its safetensors pages mapped,
 or its copy where the file's dtype differs), the final norm, the activations of
-one batch and the kept states; at Qwen3.6-27B 1.47 GiB over the process's own
+one batch and the kept states; at Qwen3.6-27B 1.70 GiB over the process's own
 instead of the whole model's 54 GB (raypipe.sizing.canary_reference_bytes).
 """
 
@@ -78,7 +78,7 @@ class StreamedReference:
         self.decoder.load_state_dict(
             {n: self._read(self._prefix + n, p.dtype) for n, p in own.items()}, strict=False, assign=True
         )
-        self._captured: dict[int, torch.Tensor] = {}
+        self._states = torch.empty(0)  # [B, T, len(layer_ids), H] fp32 while extract runs
         for index, layer in enumerate(self.layers):
             layer.register_forward_pre_hook(self._load(index))
             layer.register_forward_hook(self._drop(index + 1))
@@ -111,7 +111,7 @@ class StreamedReference:
         def hook(layer: torch.nn.Module, _inputs: Any, output: Any) -> None:
             layer.to("meta")
             if layer_id in self.layer_ids:
-                self._captured[layer_id] = output[0] if isinstance(output, tuple) else output
+                self._states[:, :, self.layer_ids.index(layer_id)] = output[0] if isinstance(output, tuple) else output
 
         return hook
 
@@ -134,7 +134,10 @@ class StreamedReference:
             ids[row, : len(seq)] = torch.tensor(seq)
             mask[row, : len(seq)] = 1
         embedded = self._embed(ids)
-        self._captured = {0: embedded} if 0 in self.layer_ids else {}
+        # Filled as the tapped layers run: no layer's output is held until the end, nor stacked then.
+        self._states = torch.empty(*ids.shape, len(self.layer_ids), embedded.shape[-1])
+        if 0 in self.layer_ids:
+            self._states[:, :, self.layer_ids.index(0)] = embedded
         self.decoder(inputs_embeds=embedded, attention_mask=mask, use_cache=False)
-        states = torch.stack([self._captured.pop(i) for i in self.layer_ids], dim=2).float()  # [B, T, n, H]
-        return [states[row, :n] for row, n in enumerate(lengths)]
+        states, self._states = self._states, torch.empty(0)
+        return [states[row, :n].clone() for row, n in enumerate(lengths)]  # the padding is not kept
