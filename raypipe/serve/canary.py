@@ -16,9 +16,9 @@ not averaged away by the tokens that are right.
 The reference runs on the replica's one CPU at any target size: streamed one
 decoder layer at a time from the safetensors files (raypipe.serve.streamed_reference),
 it holds one layer and the batch's activations instead of the whole model (at
-Qwen3.6-27B 2.1 GiB with the process instead of 54 GB:
+Qwen3.6-27B 2.2 GiB with the process instead of 54 GB:
 raypipe.sizing.canary_reference_bytes) and takes about 2 minutes of one CPU
-thread there, the weights in the page cache (bench/canary_scale.py measures 2.6 s
+thread there, the weights in the page cache (bench/canary_scale.py measures 2.4 s
 per GB of decoder weights; a cold start adds reading them from disk). It
 computes the same states as the whole model, bit for bit. Each replica computes
 its own: a verdict cached per model fingerprint would let a later replica skip
