@@ -135,7 +135,7 @@ def canary_reference_bytes(config: Any) -> int:
     raypipe.heap.HEAP_ENV nothing is given back): 64 x 4 bytes per padded token per unit of the larger of the hidden
     size and Gated DeltaNet's value width, plus 4 x 4 bytes per unit of intermediate size, fitted with margin to
     bench/canary_scale.py's target with the reference computed 4 times over in one process (the heap of a target 4x
-    as deep: 0.75 GiB over the imports, against 0.60 GiB computed once).
+    as deep: up to 0.75 GiB over the imports, against 0.60 GiB computed once).
 
     Qwen3.6-27B: 1.82 GiB (a Gated DeltaNet layer of 0.77 GB, 1.10 GiB of activations), 2.2 GiB with the process,
     where the whole model held its 54 GB of weights."""
