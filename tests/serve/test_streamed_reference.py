@@ -20,8 +20,11 @@ LAYER_IDS = {"qwen3": (0, 1, 2, 4), "qwen36": (0, 1, 2, 3, 4, 5, 8)}
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen36"])
 def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, tuple[int, ...]]:
-    path = build_tiny_target(tmp_path_factory.mktemp("models") / request.param, arch=request.param)
-    return str(path), LAYER_IDS[request.param]
+    """The session's tiny Qwen3 target, or a tiny Qwen3.6 one built here."""
+    if request.param == "qwen3":
+        return request.getfixturevalue("tiny_target"), LAYER_IDS["qwen3"]
+    path = build_tiny_target(tmp_path_factory.mktemp("models") / "tiny_qwen36", arch="qwen36")
+    return str(path), LAYER_IDS["qwen36"]
 
 
 def test_the_streamed_states_equal_the_whole_models(target: tuple[str, tuple[int, ...]]) -> None:
