@@ -11,7 +11,7 @@ canary's reference (bf16, the canary prompts, DFlash's default layer ids) from t
 reports its peak resident memory (VmHWM), the memory of the process before the reference (Python, torch,
 transformers imported), what stays resident at the end (the whole model's weights are mapped safetensors pages,
 which count in its RSS until it is freed) and the wall time. The two arms' states must be equal. Then the 27B
-estimate of the streamed reference: raypipe.sizing.canary_reference_bytes on the published Qwen3.6-27B config (the
+estimate of the streamed reference: raypipe.serve.canary.reference_bytes on the published Qwen3.6-27B config (the
 measured peak over the imports must stay within its figure for this target, also when the reference is computed
 4 times in one process, as deep a heap as a 96-layer target's), and its time at the measured rate, in seconds per GB
 of decoder weights.
@@ -179,7 +179,8 @@ def main() -> None:
     from safetensors.torch import load_file
 
     from raypipe.assets.published import qwen36_27b
-    from raypipe.sizing import GIB, canary_reference_bytes, decoder_layer_bytes
+    from raypipe.serve.canary import decoder_layer_bytes, reference_bytes
+    from raypipe.sizing import GIB
 
     work = Path(tempfile.mkdtemp(prefix="canary_scale_"))
     model = work / "target"
@@ -199,10 +200,10 @@ def main() -> None:
     big = qwen36_27b()
     big_decoder_gb = sum(decoder_layer_bytes(big)) / 1e9
     estimate = {
-        "streamed_over_imports_gib": round(canary_reference_bytes(synthetic_config(args.layers)) / GIB, 2),
+        "streamed_over_imports_gib": round(reference_bytes(synthetic_config(args.layers)) / GIB, 2),
         "seconds_per_decoder_gb": round(streamed_run["seconds"] / decoder_gb, 2),
         "qwen36_27b_whole_model_gb": round(whole_model_bytes(big) / 1e9, 1),
-        "qwen36_27b_peak_gib": round(canary_reference_bytes(big) / GIB + streamed_run["baseline_mib"] / 1024, 2),
+        "qwen36_27b_peak_gib": round(reference_bytes(big) / GIB + streamed_run["baseline_mib"] / 1024, 2),
         "qwen36_27b_seconds": round(streamed_run["seconds"] / decoder_gb * big_decoder_gb),
     }
     print(json.dumps(estimate), flush=True)

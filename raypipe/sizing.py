@@ -114,35 +114,3 @@ def size_run(cfg: RaypipeConfig, target: Target, drafter: torch.nn.Module) -> Si
         train_step_per_gpu=states + logits,
         train_bytes_per_gpu=static + states + logits,
     )
-
-
-def decoder_layer_bytes(config: Any) -> list[int]:
-    """Each decoder layer's weights in bf16, counted on the meta device (no weights read)."""
-    from transformers import AutoModelForCausalLM
-
-    from raypipe.serve.hf_engine import decoder_parts
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return [sum(p.numel() for p in layer.parameters()) * 2 for layer in decoder_parts(model)[2]]
-
-
-def canary_reference_bytes(config: Any) -> int:
-    """Peak host memory of the canary's streamed reference (raypipe.serve.streamed_reference) over the process's own
-    (Python, torch and transformers imported: 0.4 GiB): the largest decoder layer in bf16, resident alone, plus the
-    activations of the canary batch (its prompts right-padded to the longest). Those are dominated on hybrid targets
-    by transformers' fp32 Gated DeltaNet and by the MLP, and the heap keeps what fragments among them (under
-    raypipe.heap.HEAP_ENV nothing is given back): 64 x 4 bytes per padded token per unit of the larger of the hidden
-    size and Gated DeltaNet's value width, plus 4 x 4 bytes per unit of intermediate size, fitted with margin to
-    bench/canary_scale.py's target with the reference computed 4 times over in one process (the heap of a target 4x
-    as deep: up to 0.75 GiB over the imports, against 0.60 GiB computed once).
-
-    Qwen3.6-27B: 1.82 GiB (a Gated DeltaNet layer of 0.77 GB, 1.10 GiB of activations), 2.2 GiB with the process,
-    where the whole model held its 54 GB of weights."""
-    from raypipe.serve.canary import CANARY_PROMPTS
-
-    text = config.get_text_config()
-    padded = len(CANARY_PROMPTS) * max(map(len, CANARY_PROMPTS))
-    linear_width = getattr(text, "linear_num_value_heads", 0) * getattr(text, "linear_value_head_dim", 0)
-    activations = padded * 4 * (64 * max(text.hidden_size, linear_width) + 4 * text.intermediate_size)
-    return max(decoder_layer_bytes(config)) + activations

@@ -11,7 +11,7 @@ embedding that the prompts use are read, and only the tapped layers' outputs
 are kept. Resident at once: one decoder layer (its safetensors pages mapped,
 or its copy where the file's dtype differs), the final norm, the activations of
 one batch and the kept states; at Qwen3.6-27B 1.82 GiB over the process's own
-instead of the whole model's 54 GB (raypipe.sizing.canary_reference_bytes).
+instead of the whole model's 54 GB (raypipe.serve.canary.reference_bytes).
 """
 
 from __future__ import annotations
