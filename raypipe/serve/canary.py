@@ -14,18 +14,18 @@ layer zero only past a block boundary, or wrong only on one prompt's tail, is
 not averaged away by the tokens that are right.
 
 The reference runs on the replica's one CPU at any target size: streamed one
-decoder layer at a time from the safetensors files (raypipe.serve.streamed_reference),
-it holds one layer and the batch's activations instead of the whole model (at
-Qwen3.6-27B 2.2 GiB with the process instead of 54 GB:
-reference_bytes below) and takes about 2 minutes of one CPU
-thread there, the weights in the page cache (bench/canary_scale.py measures 2.4 s
-per GB of decoder weights; a cold start adds reading them from disk). It
-computes the same states as the whole model, bit for bit. Each replica computes
-its own: a verdict cached per model fingerprint would let a later replica skip
-checking its own engine (another vLLM build, GPU, tensor parallelism or dtype),
-which is what the canary is for; caching the reference states instead would need
-storage every replica sees, which a service started on its own does not have.
-Running it on the replica's GPU would contend for the memory vLLM sized itself to.
+decoder layer at a time from the safetensors files
+(raypipe.serve.streamed_reference), it holds one layer and the batch's
+activations instead of the whole model (at Qwen3.6-27B 2.2 GiB with the process
+instead of 54 GB: reference_bytes below) and takes about 2 minutes of one CPU
+thread there with the weights in the page cache (bench/canary_scale.py measures
+2.4 s per GB of decoder weights; a cold start adds reading them from disk). Its
+states equal the whole model's, bit for bit. Each replica computes its own: a
+verdict cached per model fingerprint would let a later replica skip checking its
+own engine (another vLLM build, GPU, tensor parallelism or dtype), which is what
+the canary is for; caching the reference states instead would need storage that
+every replica sees, which a service started on its own does not have. Running
+it on the replica's GPU would contend for the memory vLLM sized itself to.
 """
 
 from __future__ import annotations
