@@ -12,6 +12,20 @@ non-finite tokens are named by position, each prompt is judged on its own
 (root mean square over its tokens), and so is each token, more loosely: a
 layer zero only past a block boundary, or wrong only on one prompt's tail, is
 not averaged away by the tokens that are right.
+
+The reference runs on the replica's one CPU at any target size: streamed one
+decoder layer at a time from the safetensors files
+(raypipe.serve.streamed_reference), it holds one layer and the batch's
+activations instead of the whole model (at Qwen3.6-27B 2.2 GiB with the process
+instead of 54 GB: reference_bytes below) and takes about 2 minutes of one CPU
+thread there with the weights in the page cache (bench/canary_scale.py measures
+2.4 s per GB of decoder weights; a cold start adds reading them from disk). Its
+states equal the whole model's, bit for bit. Each replica computes its own: a
+verdict cached per model fingerprint would let a later replica skip checking its
+own engine (another vLLM build, GPU, tensor parallelism or dtype), which is what
+the canary is for; caching the reference states instead would need storage that
+every replica sees, which a service started on its own does not have. Running
+it on the replica's GPU would contend for the memory vLLM sized itself to.
 """
 
 from __future__ import annotations
@@ -19,6 +33,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -249,12 +264,11 @@ class Canary:
     """The canary of one replica: its transformers reference is computed once, on first use, in bf16, and runs are
     serialized.
 
-    The reference is a full copy of the target (fp32 would be twice the
-    serving weights, on every call); only its states on the canary prompts are
-    kept, a few MB, and the model is freed once they are computed. bf16 against
-    an fp32 or bf16 engine stays within `BF16_TOLERANCE` per prompt (under 1e-2
-    on the tiny targets, 0.0142 on the trained demo target), while a wrong
-    layer is off by tens of percent.
+    The reference streams the target one decoder layer at a time (fp32 would
+    double each layer); only its states on the canary prompts are kept, 22 MB
+    at 27B. bf16 against an fp32 or bf16 engine stays within `BF16_TOLERANCE`
+    per prompt (under 1e-2 on the tiny targets, 0.0142 on the trained demo
+    target), while a wrong layer is off by tens of percent.
     """
 
     def __init__(self, model_dir: str, layer_ids: tuple[int, ...], max_len: int | None = None) -> None:
@@ -267,17 +281,17 @@ class Canary:
         self._reference: Reference | None = None
         self._lock = (
             asyncio.Lock()
-        )  # one run at a time: two at once would load two references and double the engine's load
+        )  # one run at a time: two at once would compute two references and double the engine's load
 
     def _build(self) -> Reference:
-        from raypipe.serve.hf_engine import TransformersEngine
+        from raypipe.serve.streamed_reference import StreamedReference
 
-        engine = TransformersEngine(self.model_dir, self.layer_ids, dtype="bfloat16")
-        prompts = canary_prompts(engine.vocab_size, self.max_len)
-        self.reference_dtype = str(engine.model.dtype).removeprefix("torch.")
+        reference = StreamedReference(self.model_dir, self.layer_ids, dtype=torch.bfloat16)
+        prompts = canary_prompts(reference.vocab_size, self.max_len)
+        self.reference_dtype = str(reference.dtype).removeprefix("torch.")
         self.builds += 1
-        kinds = layer_kinds(TargetShape.of(engine.model.config), self.layer_ids)
-        return Reference(prompts, engine.extract(prompts), kinds)
+        kinds = layer_kinds(TargetShape.of(reference.model.config), self.layer_ids)
+        return Reference(prompts, reference.extract(prompts), kinds)
 
     async def run(self, served: Callable[[list[list[int]]], Awaitable[list[torch.Tensor]]]) -> CanaryReport:
         """Compare the states `served` returns for the canary prompts with the reference, per layer and token."""
@@ -290,3 +304,33 @@ class Canary:
             got = await served(reference.prompts)
             self.runs += 1
             return compare_states(got, reference.states, self.layer_ids, reference.kinds)
+
+
+def decoder_layer_bytes(config: Any) -> list[int]:
+    """Each decoder layer's weights in bf16, counted on the meta device (no weights read)."""
+    from transformers import AutoModelForCausalLM
+
+    from raypipe.serve.hf_engine import decoder_parts
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return [sum(p.numel() for p in layer.parameters()) * 2 for layer in decoder_parts(model)[2]]
+
+
+def reference_bytes(config: Any) -> int:
+    """Peak host memory of the streamed reference (raypipe.serve.streamed_reference) over the process's own
+    (Python, torch and transformers imported: 0.4 GiB): the largest decoder layer in bf16, resident alone, plus the
+    activations of the canary batch (its prompts right-padded to the longest). Those are dominated on hybrid targets
+    by transformers' fp32 Gated DeltaNet and by the MLP, and the heap keeps what fragments among them (under
+    raypipe.heap.HEAP_ENV nothing is given back): 64 x 4 bytes per padded token per unit of the larger of the hidden
+    size and Gated DeltaNet's value width, plus 4 x 4 bytes per unit of intermediate size, fitted with margin to
+    bench/canary_scale.py's target with the reference computed 4 times over in one process (the heap of a target 4x
+    as deep: up to 0.75 GiB over the imports, against 0.60 GiB computed once).
+
+    Qwen3.6-27B: 1.82 GiB (a Gated DeltaNet layer of 0.77 GB, 1.10 GiB of activations), 2.2 GiB with the process,
+    where the whole model held its 54 GB of weights."""
+    text = config.get_text_config()
+    padded = len(CANARY_PROMPTS) * max(map(len, CANARY_PROMPTS))
+    linear_width = getattr(text, "linear_num_value_heads", 0) * getattr(text, "linear_value_head_dim", 0)
+    activations = padded * 4 * (64 * max(text.hidden_size, linear_width) + 4 * text.intermediate_size)
+    return max(decoder_layer_bytes(config)) + activations

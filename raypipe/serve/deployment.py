@@ -7,11 +7,11 @@ sequence's states without pickling them (raypipe.serve.transport): a file
 descriptor when the caller runs on this node, an array through the object
 store otherwise. It runs the parity canary at start-up and on demand (with
 `canary: refuse` a mismatch stops the replica from serving; its reference is
-computed once per replica, in bf16), reclaims the state files of dead replicas
-and trainers on its node, and ends the vLLM engine processes that dead owners
-left on it (raypipe.serve.reaper), its own when it shuts down. An HTTP ingress
-(loopback unless configured) answers /health, /stats and /canary for
-operators; the trainer uses the handle.
+computed once per replica, in bf16, one decoder layer at a time), reclaims the
+state files of dead replicas and trainers on its node, and ends the vLLM engine
+processes that dead owners left on it (raypipe.serve.reaper), its own when it
+shuts down. An HTTP ingress (loopback unless configured) answers /health,
+/stats and /canary for operators; the trainer uses the handle.
 
 Deploying fails fast: the replicas' engines are checked against the machine's
 memory first (raypipe.node_memory), each replica checks that its node's

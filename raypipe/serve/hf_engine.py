@@ -1,7 +1,8 @@
 """Reference engine: the target in transformers, hidden states read with forward hooks.
 
-Slow but simple and independent of vLLM: the parity canary compares vLLM's
-states with these, layer by layer.
+Slow but simple and independent of vLLM. The parity canary's reference computes
+the same states with one decoder layer in memory at a time
+(raypipe.serve.streamed_reference).
 """
 
 from __future__ import annotations
