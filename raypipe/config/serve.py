@@ -26,7 +26,8 @@ OWNED_ENGINE_ARGS = {
     "limit_mm_per_prompt": "raypipe (text only)",
     "speculative_config": "raypipe (per engine: extraction, the drafter)",
     "kv_transfer_config": "raypipe (the hidden-state connector)",
-    "enable_chunked_prefill": "raypipe (the hidden-state service's connector)",
+    "enable_chunked_prefill": "raypipe (on in the service, off in sampling reply engines)",
+    "distributed_executor_backend": "raypipe (uni on one GPU, mp with tensor parallelism)",
 }
 
 
@@ -86,7 +87,11 @@ class ServeConfig(_Strict):
         "utilization is a share of one NUMA node's memory, minus the engine's own RSS.",
     )
     enforce_eager: bool = Field(
-        json_schema_extra=EXECUTION, default=False, description="Disable CUDA graphs (required on CPU)."
+        json_schema_extra=EXECUTION,
+        default=False,
+        description="vLLM's eager mode in every engine: no CUDA graphs and no torch.compile (set it on CPU). The "
+        "hidden-state service captures no CUDA graphs either way (it only prefills) and keeps torch.compile unless "
+        "this is set.",
     )
     num_gpus: float = Field(
         json_schema_extra=EXECUTION,

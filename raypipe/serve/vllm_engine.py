@@ -32,7 +32,7 @@ from raypipe.config import ServeConfig
 from raypipe.serve.engine import Sampling
 from raypipe.serve.reaper import engine_processes
 from raypipe.serve.transport import discard
-from raypipe.serve.vllm_args import engine_args, start_fix
+from raypipe.serve.vllm_args import service_args, start_fix
 from raypipe.target import Target
 
 # A vLLM log line with an exception: "(Worker pid=9012) ERROR 12-01 10:57:05 [core.py:1063] ValueError: ..."
@@ -80,8 +80,7 @@ class VllmEngine:
 
         self.directory = directory
         args = AsyncEngineArgs(
-            **engine_args(target, cfg),
-            enable_chunked_prefill=False,  # the connector writes a request's states when its one prefill ends
+            **service_args(target, cfg),
             speculative_config={
                 "method": "extract_hidden_states",
                 "num_speculative_tokens": 1,

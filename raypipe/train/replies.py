@@ -93,7 +93,7 @@ class ReplyWriter:
         from vllm import LLM
 
         from raypipe.serve.reaper import engine_processes
-        from raypipe.serve.vllm_args import engine_args
+        from raypipe.serve.vllm_args import reply_args
         from raypipe.target import resolve_target
 
         cfg = RaypipeConfig.model_validate(config)
@@ -102,11 +102,12 @@ class ReplyWriter:
             engine_processes()
         ):  # engine processes a killed writer leaves are ended, by pid, at the next engine start on the node
             self.llm = LLM(
-                **{
-                    **engine_args(resolve_target(cfg.serve), cfg.serve),
-                    "max_num_seqs": cfg.train.run.reply_max_sequences,
-                    **({"enable_chunked_prefill": False} if cfg.train.replies.temperature > 0 else {}),
-                }
+                **reply_args(
+                    resolve_target(cfg.serve),
+                    cfg.serve,
+                    cfg.train.run.reply_max_sequences,
+                    cfg.train.replies.temperature,
+                )
             )
         self.sampling = reply_sampling(cfg, self.rows.end_of_turn_id)
 

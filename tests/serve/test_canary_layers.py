@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ HYBRID = TargetShape(
 )
 KINDS = layer_kinds(HYBRID, IDS)
 LENGTHS = [len(p) for p in CANARY_PROMPTS]
+CHUNK = 32  # vLLM's tokens per step on the hybrid target: its 160-token prompt is prefilled over several steps
 States = list[torch.Tensor]
 
 
@@ -166,13 +168,14 @@ def test_the_reference_has_nonzero_finite_states_at_every_default_layer_of_the_h
 
 
 @pytest.fixture(scope="module")
-def vllm_served(hybrid_target: Target) -> Iterator[tuple[asyncio.AbstractEventLoop, Callable]]:
-    """The real vLLM CPU engine on the hybrid target, on one event loop as in a replica; yields the loop and the
-    replica's canary path (every prompt in flight together, each file read back)."""
+def vllm_served(hybrid_target: Target) -> Iterator[tuple[asyncio.AbstractEventLoop, Callable, Any]]:
+    """The real vLLM CPU engine on the hybrid target, on one event loop as in a replica, its chunked prefill taking
+    CHUNK tokens a step; yields the loop, the replica's canary path (every prompt in flight together, each file read
+    back) and the engine."""
     from raypipe.serve.vllm_engine import VllmEngine
 
     loop = asyncio.new_event_loop()
-    cfg = serve_config("builtin:tiny_qwen36", dtype="bfloat16")
+    cfg = serve_config("builtin:tiny_qwen36", dtype="bfloat16", engine_kwargs={"max_num_batched_tokens": CHUNK})
 
     async def start() -> VllmEngine:
         return VllmEngine(hybrid_target, cfg, replica_dir())
@@ -186,16 +189,18 @@ def vllm_served(hybrid_target: Target) -> Iterator[tuple[asyncio.AbstractEventLo
         paths = await asyncio.gather(*(engine.extract(p) for p in prompts))
         return [as_tensor(read_array(path, ids)) for path, ids in zip(paths, prompts)]
 
-    yield loop, served
+    yield loop, served, engine
     engine.close()
     loop.close()
 
 
 @pytest.mark.integration
 def test_the_hybrid_targets_canary_passes_on_vllm_and_names_a_served_layer_made_wrong(
-    hybrid_target: Target, vllm_served: tuple[asyncio.AbstractEventLoop, Callable]
+    hybrid_target: Target, vllm_served: tuple[asyncio.AbstractEventLoop, Callable, Any]
 ) -> None:
-    loop, served = vllm_served
+    loop, served, engine = vllm_served
+    scheduler = engine.llm.vllm_config.scheduler_config  # the Gated DeltaNet layers carry their state across steps
+    assert scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens == CHUNK < max(LENGTHS)
     canary = Canary(hybrid_target.path, hybrid_target.layer_ids)
     report = loop.run_until_complete(canary.run(served))
     assert report.ok and report.message().startswith("canary ok"), report.message()

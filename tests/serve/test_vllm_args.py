@@ -59,3 +59,59 @@ def test_engine_kwargs_reach_every_engine_and_vllms_own_config(tiny_target: str)
         engine_args(resolve_target(typo), typo)
     with pytest.raises(ValueError, match=r"dtype: raypipe sets it, use serve\.dtype"):
         serve_config(tiny_target, engine_kwargs={"dtype": "float16"})
+
+
+def test_every_engine_names_its_executor_and_vllm_keeps_it(tiny_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process on one GPU, a worker process per GPU with tensor parallelism: never Ray's executor, which vLLM
+    would pick inside a placement group. The one-process executor stays on CPU under ENGINE_ENV."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    from raypipe.serve.vllm_args import ENGINE_ENV, engine_args, reply_args, service_args
+    from raypipe.target import resolve_target
+    from tests.helpers import serve_config
+
+    for tp, executor in ((1, "uni"), (2, "mp")):
+        cfg = serve_config(tiny_target, tensor_parallel_size=tp)
+        target = resolve_target(cfg)
+        kinds = (engine_args(target, cfg), service_args(target, cfg), reply_args(target, cfg, 16, 1.0))
+        assert [args["distributed_executor_backend"] for args in kinds] == [executor] * 3
+    for name, value in ENGINE_ENV.items():
+        monkeypatch.setenv(name, value)
+    cfg = serve_config(tiny_target)
+    args = service_args(resolve_target(cfg), cfg)
+    resolved = AsyncEngineArgs(**args).create_engine_config(UsageContext.ENGINE_CONTEXT)
+    assert resolved.parallel_config.distributed_executor_backend == "uni"
+    with pytest.raises(ValueError, match=r"distributed_executor_backend: raypipe sets it"):
+        serve_config(tiny_target, engine_kwargs={"distributed_executor_backend": "ray"})
+
+
+def test_the_service_prefills_in_chunks_without_cuda_graphs_and_the_decoding_engines_keep_vllms_defaults(
+    tiny_target: str,
+) -> None:
+    """The service: chunked prefill on in steps of serve.max_batch_tokens, no CUDA graphs, torch.compile unless serve.enforce_eager, the rest of
+    `serve.engine_kwargs.compilation_config` kept. Reply and evaluation engines: vLLM's graphs and chunked prefill,
+    off only in sampling reply engines."""
+    from raypipe.serve.vllm_args import engine_args, reply_args, service_args
+    from raypipe.target import resolve_target
+    from tests.helpers import serve_config
+
+    for eager in (True, False):
+        cfg = serve_config(tiny_target, enforce_eager=eager)
+        target = resolve_target(cfg)
+        service = service_args(target, cfg)
+        assert service["enable_chunked_prefill"] is True and service["enforce_eager"] is eager
+        assert service["compilation_config"] == {"cudagraph_mode": "NONE"}
+        assert service["max_num_batched_tokens"] == cfg.max_batch_tokens  # the engine call raypipe.sizing counts
+        evaluation = engine_args(target, cfg)
+        assert evaluation["enforce_eager"] is eager
+        assert "compilation_config" not in evaluation and "enable_chunked_prefill" not in evaluation
+        greedy, sampled = reply_args(target, cfg, 16, 0.0), reply_args(target, cfg, 16, 1.0)
+        assert greedy == {**evaluation, "max_num_seqs": 16}
+        assert sampled == {**greedy, "enable_chunked_prefill": False}
+    cfg = serve_config(tiny_target, engine_kwargs={"compilation_config": {"cudagraph_mode": "FULL", "cache_dir": "c"}})
+    target = resolve_target(cfg)
+    assert service_args(target, cfg)["compilation_config"] == {"cudagraph_mode": "NONE", "cache_dir": "c"}
+    steps = serve_config(tiny_target, engine_kwargs={"max_num_batched_tokens": 512})
+    assert service_args(resolve_target(steps), steps)["max_num_batched_tokens"] == 512
+    assert engine_args(target, cfg)["compilation_config"] == {"cudagraph_mode": "FULL", "cache_dir": "c"}

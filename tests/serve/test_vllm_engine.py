@@ -1,7 +1,9 @@
 """The real vLLM CPU engine (asynchronous, continuous batching): states equal the transformers reference at every
-layer."""
+layer, with the longer prompts prefilled in chunks over several steps (the service's chunked prefill, here with a
+step of CHUNK tokens), and equal those of the same engine with chunked prefill off."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +11,7 @@ import torch
 from raypipe.serve.engine import Sampling
 from raypipe.serve.hf_engine import TransformersEngine
 from raypipe.serve.transport import as_tensor, read_array, replica_dir
-from raypipe.serve.vllm_args import ENGINE_ENV, engine_args
+from raypipe.serve.vllm_args import ENGINE_ENV, engine_args, service_args
 from raypipe.target import resolve_target
 from tests.helpers import serve_config
 
@@ -22,29 +24,37 @@ BATCH = [
     list(range(100, 137)),
     list(range(5000, 5300, 3)),
 ]
+CHUNK = 32  # vLLM's tokens per step: at least max_sequences (8), below the two longer prompts (37, 100)
 
 
 def config(tiny_target):
-    return serve_config(tiny_target, layer_ids=list(LAYERS), max_model_len=512)
+    return serve_config(
+        tiny_target, layer_ids=list(LAYERS), max_model_len=512, engine_kwargs={"max_num_batched_tokens": CHUNK}
+    )
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_target):
-    """The engine lives on one event loop for the module, as in a Serve replica, and its engine-core process starts
-    with ENGINE_ENV as a replica's does (this process keeps vLLM's defaults for the plain LLM below)."""
+def start(loop: asyncio.AbstractEventLoop, tiny_target: str, directory: Path):
+    """A VllmEngine on `loop`, as in a Serve replica, its engine-core process started with ENGINE_ENV as a replica's
+    (this process keeps vLLM's defaults for the plain LLM below)."""
     from raypipe.serve.vllm_engine import VllmEngine
 
-    loop = asyncio.new_event_loop()
     cfg = config(tiny_target)
-    directory = replica_dir()
 
-    async def start() -> VllmEngine:
+    async def started() -> VllmEngine:
         return VllmEngine(resolve_target(cfg), cfg, directory)
 
     with pytest.MonkeyPatch.context() as env:
         for name, value in ENGINE_ENV.items():
             env.setenv(name, value)
-        vllm = loop.run_until_complete(start())
+        return loop.run_until_complete(started())
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_target):
+    """The engine lives on one event loop for the module, as in a Serve replica."""
+    loop = asyncio.new_event_loop()
+    directory = replica_dir()
+    vllm = start(loop, tiny_target, directory)
     yield loop, vllm, TransformersEngine(tiny_target, LAYERS), directory
     vllm.close()
     loop.close()
@@ -73,6 +83,35 @@ def test_states_equal_the_reference_at_every_layer_with_every_request_in_flight_
             assert scale_error(g[:, j], r[:, j]) < 1e-4, f"layer {layer}"
             assert torch.nn.functional.cosine_similarity(g[:, j], r[:, j], dim=-1).min() > 0.99999
     assert not list(directory.iterdir())  # every file read once and removed
+
+
+def test_states_of_prompts_prefilled_in_chunks_equal_those_of_whole_prefills(engines, tiny_target, tmp_path):
+    """The service's engine splits a prompt longer than a step over several steps; the same engine with chunked prefill
+    off (a step then holds a whole prompt) writes the same states, bit for bit in fp32 on vLLM's CPU engine."""
+    from raypipe.serve import vllm_engine
+
+    loop, split, _, directory = engines
+    scheduler = split.llm.vllm_config.scheduler_config
+    assert scheduler.enable_chunked_prefill and scheduler.max_num_batched_tokens == CHUNK < max(map(len, BATCH))
+
+    def whole_prefills(target, cfg):
+        whole = {"enable_chunked_prefill": False, "max_num_batched_tokens": cfg.max_model_len}
+        return {**service_args(target, cfg), **whole}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(vllm_engine, "service_args", whole_prefills)
+        whole = start(loop, tiny_target, tmp_path)
+    try:
+        assert not whole.llm.vllm_config.scheduler_config.enable_chunked_prefill
+        chunked = together(loop, [split.extract(ids) for ids in BATCH])
+        unchunked = together(loop, [whole.extract(ids) for ids in BATCH])
+    finally:
+        whole.close()
+    for ids, a, b in zip(BATCH, chunked, unchunked):
+        got, ref = as_tensor(read_array(a, ids)), as_tensor(read_array(b, ids))
+        assert got.shape == ref.shape == (len(ids), len(LAYERS), 64)
+        assert torch.equal(got, ref), f"{len(ids)} tokens: scale error {scale_error(got, ref):.3g}"  # fp32 on CPU
+    assert not list(directory.iterdir()) and not list(tmp_path.iterdir())
 
 
 def test_greedy_replies_equal_the_reference_and_leave_no_files(engines):
