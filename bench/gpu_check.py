@@ -44,12 +44,14 @@ GPU's memory, tests/test_sizing.py's margin for activations and the allocator.
 The anchors are the knob: a step's logits (anchors x block x vocabulary,
 drafter's and target's) are most of its memory; its states are 0.2 GB per
 3,072 tokens at Qwen3.6-27B. By that estimate Qwen3.6-27B on one 80 GB H100
-(FSDP2 over one GPU shards nothing) needs 33.7 GiB of parameters, gradients
-and Adam plus 30.5 GiB of logits at 1,024 anchors: 64.2 GiB, over 0.8 x 79.2
-GiB, before 10-20 GiB of activations (5 layers of 16,384 drafted tokens, MLP
-width 17,408). It does not fit, so it runs with 512 anchors per pack (49 GiB
-estimated); on an H200 (140 GiB), or over 2 GPUs (16.8 GiB of parameters and
-state each), it keeps 1,024. Qwen3-8B keeps 1,024 everywhere (37.8 GiB).
+(FSDP2 over one GPU shards nothing) needs 31.3 GiB of parameters, gradients,
+Adam and the frozen embedding and head (one tensor for the drafter's two heads)
+plus 30.5 GiB of logits at 1,024 anchors: 61.8 GiB, within 0.8 x 79.2 GiB by
+1.6 GiB, and the 20% left must hold 10-20 GiB of activations (5 layers of
+16,384 drafted tokens, MLP width 17,408): a thin margin, which the first GPU
+run's peak memory settles. A smaller GPU gets fewer anchors (an L40S, 128);
+over 2 GPUs (FSDP2) or on an H200 it keeps 1,024. Qwen3-8B keeps 1,024
+everywhere.
 
 Model FLOPs per step and GPU (T pack tokens, c mean position within its row of
 the pack's supervised tokens (anchors are drawn among them), D = anchors x B
