@@ -89,9 +89,9 @@ def test_every_engine_names_its_executor_and_vllm_keeps_it(tiny_target: str, mon
 def test_the_service_prefills_in_chunks_without_cuda_graphs_and_the_decoding_engines_keep_vllms_defaults(
     tiny_target: str,
 ) -> None:
-    """The service: chunked prefill on in steps of serve.max_batch_tokens, no CUDA graphs, torch.compile unless serve.enforce_eager, the rest of
-    `serve.engine_kwargs.compilation_config` kept. Reply and evaluation engines: vLLM's graphs and chunked prefill,
-    off only in sampling reply engines."""
+    """The service: chunked prefill on in steps of serve.max_batch_tokens, no CUDA graphs, torch.compile unless
+    serve.enforce_eager, the rest of `serve.engine_kwargs.compilation_config` kept. Reply and evaluation engines:
+    vLLM's graphs and chunked prefill, off only in sampling reply engines."""
     from raypipe.serve.vllm_args import engine_args, reply_args, service_args
     from raypipe.target import resolve_target
     from tests.helpers import serve_config
