@@ -29,8 +29,9 @@ def shm_bytes() -> int:
 
 def shm_shortfall(shm: int, object_store: int, peak: int) -> str | None:
     """Why the state files' `peak` does not fit beside an object store of `object_store` bytes in `shm` bytes of
-    /dev/shm, with the fix; None when it fits."""
-    room = shm - object_store
+    /dev/shm, with the fix; None when it fits. A store larger than /dev/shm is not there: Ray falls back to /tmp
+    (`ray._private.services.determine_plasma_store_config`), slower, and leaves /dev/shm to the state files."""
+    room = shm - object_store if object_store <= shm else shm
     if room >= peak:
         return None
     need = (object_store + peak) / GIB

@@ -188,6 +188,8 @@ def test_the_state_files_fit_beside_the_object_store_on_every_gpu_node(layout: s
     small = node_types(LAYOUTS[layout])[-1]
     message = shm_shortfall(small.object_store_bytes + peak // 2, small.object_store_bytes, peak)
     assert message is not None and "--shm-size=" in message and "train.states.prefetch" in message
+    # An object store larger than /dev/shm is not there (Ray falls back to /tmp): the state files have all of it.
+    assert shm_shortfall(1 << 30, 5 << 30, 1 << 29) is None and shm_shortfall(1 << 30, 5 << 30, 2 << 30) is not None
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
