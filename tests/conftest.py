@@ -48,6 +48,19 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         assert all("@" in i.nodeid for i in grouped), "pytest-xdist's groups were ignored"
 
 
+@pytest.fixture
+def memory_heavy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One at a time, across the xdist streams: the runs that hold a τ engine beside a service and trainers (the demo
+    job, the τ tests). Two of them at once, with the demo's evaluation engines, took the 24 GiB machine past Ray's
+    memory threshold (its monitor killed the job's actors: CI of issue 39)."""
+    import fcntl
+
+    lock = tmp_path_factory.getbasetemp().parent / "raypipe-memory-heavy.lock"  # shared by the xdist workers
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def raypipe_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Keep tests off the user's ~/.cache/raypipe, so they exercise the cold builds too (Ray workers inherit it)."""

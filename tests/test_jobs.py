@@ -201,7 +201,7 @@ def prometheus(prometheus_command: str, head: LocalCluster, tmp_path: Path) -> P
 # The demo pipeline twice (run, then resume) and its serve command; slower when the suite shares the 2 cores.
 @pytest.mark.timeout(2400)
 def test_the_submitted_pipeline_job_succeeds_resumes_and_reports_every_stage(
-    prometheus: Prometheus, head: LocalCluster, demo_target: str, tmp_path: Path
+    memory_heavy: None, prometheus: Prometheus, head: LocalCluster, demo_target: str, tmp_path: Path
 ) -> None:
     check_relative_outputs_refused(head)
     out = tmp_path / "run"

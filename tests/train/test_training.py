@@ -64,7 +64,7 @@ def train_while(cfg, strike: Callable[[], dict | None]) -> tuple[Any, dict]:
 
 
 def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export(
-    ray_cluster: str, prepared: Path, replies, service, tmp_path: Path
+    memory_heavy: None, ray_cluster: str, prepared: Path, replies, service, tmp_path: Path
 ) -> None:
     """Also τ in vLLM during training (issue 41): measured every 25 steps and at each checkpoint by a warm engine
     whose drafter is reloaded in place, equal to a fresh engine's τ for the same weights, recorded with every
@@ -166,7 +166,7 @@ def test_two_workers_train_online_the_loss_falls_and_vllm_drafts_with_the_export
 
 
 def test_tau_in_vllm_below_min_tau_stops_the_run_at_the_patience_th_measurement_and_its_restarts_at_once(
-    prepared: Path, replies, service, tmp_path: Path
+    memory_heavy: None, prepared: Path, replies, service, tmp_path: Path
 ) -> None:
     """Issue 41: τ below eval.min_tau once measured eval.patience times stops the run with a message that points at
     the serving contract; Ray Train's restart of the group stops at its start instead of training again."""
